@@ -1,0 +1,49 @@
+"""Packaging for tb_gpuprof. Tool configuration lives in pyproject.toml."""
+
+from setuptools import find_packages, setup
+
+TEST_REQUIRES = [
+    "pytest>=8",
+    "ruff>=0.6",
+    # Real training loops in CI run on the CPU build of torch that this machine kind ships.
+    "torch==2.13.0",
+    "tensorflow-cpu>=2.16",
+    "keras>=3.3",
+    "playwright>=1.45",
+]
+
+setup(
+    name="tb_gpuprof",
+    version="0.1.0",
+    description="Why is my training slow on NVIDIA GPUs, and what should I change? "
+    "A profiler library and TensorBoard plugin.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.14",
+    packages=find_packages(include=["tb_gpuprof", "tb_gpuprof.*"]),
+    package_data={"tb_gpuprof": ["static/*", "samples/*", "samples/**/*"]},
+    include_package_data=True,
+    install_requires=[
+        "msgspec>=0.18",  # fast, typed JSON decoding of multi-hundred-MB Kineto traces
+        "tensorboard>=2.14",  # the plugin host; also its event-file protos for our writer
+        "nvidia-ml-py>=12.535",  # NVML (NVIDIA's own binding, not the deprecated pynvml)
+    ],
+    extras_require={
+        "torch": ["torch>=2.1"],
+        "keras": ["keras>=3.0"],
+        "test": TEST_REQUIRES,
+    },
+    entry_points={
+        "console_scripts": ["tb-gpuprof=tb_gpuprof.cli:main"],
+        "tensorboard_plugins": ["gpuprof=tb_gpuprof.plugin.loader:GpuProfPluginLoader"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
+        "Environment :: GPU :: NVIDIA CUDA",
+        "Framework :: TensorBoard",
+    ],
+)

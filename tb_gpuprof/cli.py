@@ -1,0 +1,156 @@
+"""`tb-gpuprof` command line: report, import, dmon, demo.
+
+Every user error (bad path, bad trace, no GPU) ends as one line on stderr and exit status 2;
+only bugs produce tracebacks. Subcommands import their machinery lazily so `--help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import GpuProfError
+
+EXIT_USER_ERROR = 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tb-gpuprof",
+        description="Why is my training slow on NVIDIA GPUs, and what should I change?",
+    )
+    parser.add_argument("--version", action="version", version=f"tb-gpuprof {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    rep = sub.add_parser(
+        "report",
+        help="analyze a trace file (Kineto JSON, XPlane, Nsight SQLite) or a tb_gpuprof run",
+        description="Print the DLProf-style report of a trace file or of a run's stored report.",
+    )
+    rep.add_argument("path", metavar="PATH", help="trace file, run directory or log directory")
+    rep.add_argument("--top", type=_positive_int, default=10, help="kernels to list (default 10)")
+    rep.add_argument("--format", choices=("text", "json", "csv"), default="text")
+    rep.add_argument("--iter-start", type=_non_negative_int, default=None,
+                     help="first iteration (index in the trace, or step number) to analyze")
+    rep.add_argument("--iter-stop", type=_non_negative_int, default=None,
+                     help="iteration to stop before (exclusive)")
+    rep.add_argument("--key", default=None,
+                     help="name of the annotation/NVTX range that marks one iteration "
+                          "(DLProf's --key_node)")
+    rep.add_argument("--run", default=None, help="with a log directory: which run to report")
+
+    imp = sub.add_parser("import", help="turn a trace file into a run TensorBoard shows")
+    imp.add_argument("trace", metavar="TRACE")
+    imp.add_argument("--logdir", required=True, help="TensorBoard log directory")
+    imp.add_argument("--run", default=None, help="run name (default: the trace's file name)")
+    imp.add_argument("--key", default=None, help="iteration key range name")
+
+    dmon = sub.add_parser("dmon", help="live GPU metrics like `nvidia-smi dmon`, plus GPM")
+    dmon.add_argument("--interval", type=_positive_float, default=1.0, help="seconds (default 1)")
+    dmon.add_argument("--count", type=_positive_int, default=None, help="samples, then exit")
+    dmon.add_argument("--logdir", default=None, help="also record to this run directory")
+
+    demo = sub.add_parser("demo", help="write sample runs plus a live run and start TensorBoard")
+    demo.add_argument("--logdir", default="runs/tb_gpuprof_demo")
+    demo.add_argument("--port", type=int, default=6006)
+    demo.add_argument("--no-tensorboard", action="store_true",
+                      help="write the runs and exit without starting TensorBoard")
+    demo.add_argument("--no-live", action="store_true", help="skip the live training run")
+    return parser
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .analysis.format import render
+
+    if os.path.isdir(args.path):
+        from .store.reader import load_run_report
+
+        report = load_run_report(args.path, run=args.run)
+    else:
+        from .analysis.report import build_report
+        from .readers import load_profile
+
+        profile = load_profile(args.path)
+        report = build_report(profile, iter_start=args.iter_start, iter_stop=args.iter_stop,
+                              key=args.key)
+    sys.stdout.write(render(report, fmt=args.format, top=args.top))
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from .store.importer import import_trace
+
+    run_dir = import_trace(args.trace, args.logdir, run=args.run, key=args.key)
+    print(f"imported {args.trace} -> {run_dir}")
+    print(f"view it: tensorboard --logdir {args.logdir}")
+    return 0
+
+
+def _cmd_dmon(args: argparse.Namespace) -> int:
+    from .nvml.dmon import run_dmon
+
+    return run_dmon(interval=args.interval, count=args.count, logdir=args.logdir)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(logdir=args.logdir, port=args.port, start_tensorboard=not args.no_tensorboard,
+                    live=not args.no_live)
+
+
+COMMANDS = {"report": _cmd_report, "import": _cmd_import, "dmon": _cmd_dmon, "demo": _cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        return COMMANDS[args.command](args)
+    except GpuProfError as e:
+        print(f"tb-gpuprof {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `tb-gpuprof report x | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
