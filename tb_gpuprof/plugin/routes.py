@@ -1,0 +1,213 @@
+"""HTTP routes of the gpuprof plugin (docs/plugin-routes.md), as werkzeug WSGI apps.
+
+Every error is JSON ``{"error": "one line"}``: 400 bad parameter, 404 unknown run/step/tag,
+422 a stored report that cannot be read. Nothing a request sends is used as a file path
+without being resolved and checked to stay inside the log directory (or the static folder).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mimetypes
+import os
+from collections.abc import Callable
+from typing import Any
+
+from tensorboard import errors as tb_errors
+from tensorboard import plugin_util
+from tensorboard.backend import http_util
+from werkzeug import Response, wrappers
+from werkzeug.wsgi import wrap_file
+
+from ..errors import GpuProfError
+from ..store import schema
+from . import views
+from .fallback import FALLBACK_MODULE
+from .plugin import GpuProfPlugin, HttpError
+
+logger = logging.getLogger("tb_gpuprof")
+
+STATIC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "static")
+MAX_COMPARE_RUNS = 20
+JSON = "application/json"
+
+Handler = Callable[[GpuProfPlugin, wrappers.Request, Any, str], Any]
+
+
+def _json(request: wrappers.Request, body: Any, code: int = 200) -> Response:
+    if not isinstance(body, bytes):
+        body = json.dumps(body, separators=(",", ":")).encode()
+    return http_util.Respond(request, body, JSON, code=code)
+
+
+def _error(request: wrappers.Request, code: int, message: str) -> Response:
+    return _json(request, {"error": message}, code)
+
+
+def _required(request: wrappers.Request, name: str) -> str:
+    value = request.args.get(name)
+    if not value:
+        raise views.BadParam(f"missing parameter {name!r}")
+    return value
+
+
+def _wrap(plugin: GpuProfPlugin, handler: Handler) -> Callable:
+    @wrappers.Request.application
+    def app(request: wrappers.Request) -> Response:
+        ctx = plugin_util.context(request.environ)
+        eid = plugin_util.experiment_id(request.environ)
+        try:
+            result = handler(plugin, request, ctx, eid)
+        except views.BadParam as e:
+            return _error(request, 400, str(e))
+        except HttpError as e:
+            return _error(request, e.code, e.message)
+        except tb_errors.NotFoundError as e:
+            return _error(request, 404, str(e))
+        except GpuProfError as e:
+            return _error(request, 422, str(e))
+        if isinstance(result, Response):
+            return result
+        return _json(request, result)
+
+    return app
+
+
+def _runs(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    return {"runs": plugin.runs(ctx, eid)}
+
+
+def _ref(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str, run: str):
+    step = views.parse_int(request.args.get("step"), "step", None)
+    rank = views.parse_int(request.args.get("rank"), "rank", None)
+    return plugin.find_report(ctx, eid, run, step, rank)
+
+
+def _report(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    run = _required(request, "run")
+    return plugin.load_report(ctx, eid, _ref(plugin, request, ctx, eid, run)).json_bytes()
+
+
+def _kernels(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    run = _required(request, "run")
+    params = {k: request.args.get(k) for k in
+              ("sort", "order", "q", "category", "tc", "precision", "offset", "limit")}
+    ref = _ref(plugin, request, ctx, eid, run)
+    report = plugin.load_report(ctx, eid, ref).report
+    answer = views.filter_kernels(report.get("kernels") or [], params)
+    return {"run": run, "step": ref.step, **answer}
+
+
+def _scalars(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    run, tag = _required(request, "run"), _required(request, "tag")
+    points = plugin.read_scalars(ctx, eid, run, [tag]).get(tag)
+    if points is None:
+        raise HttpError(404, f"run {run!r} has no scalar {tag!r}")
+    return {"run": run, "tag": tag, "points": points}
+
+
+def _compare(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    runs = [r for r in _required(request, "runs").split(",") if r]
+    if not runs:
+        raise views.BadParam("runs must name at least one run")
+    if len(runs) > MAX_COMPARE_RUNS:
+        raise views.BadParam(f"at most {MAX_COMPARE_RUNS} runs can be compared")
+    if len(set(runs)) != len(runs):
+        raise views.BadParam("runs lists a run twice")
+    entries = []
+    for run in runs:
+        ref = plugin.find_report(ctx, eid, run, None, None)
+        entries.append((run, ref.step, plugin.load_report(ctx, eid, ref).report))
+    return views.compare_reports(entries)
+
+
+def _telemetry(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    run = _required(request, "run")
+    plugin.known_run(ctx, eid, run)
+    tags = [t for t in plugin.scalar_tags(ctx, eid, run).get(run, [])
+            if schema.is_telemetry_scalar(t)]
+    series = {}
+    if tags:
+        for tag, points in plugin.read_scalars(ctx, eid, run, tags).items():
+            series[tag.removeprefix("gpuprof/")] = points
+    topology = None
+    if schema.TOPOLOGY_TAG in plugin.blob_series(ctx, eid, run).get(run, {}):
+        topology = plugin.latest_json(ctx, eid, run, schema.TOPOLOGY_TAG)
+    return {"run": run, "series": series, "topology": topology}
+
+
+def _trace(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    run = _required(request, "run")
+    step = views.parse_int(request.args.get("step"), "step", None)
+    rank = views.parse_int(request.args.get("rank"), "rank", None)
+    plugin.known_run(ctx, eid, run)
+    path = plugin.trace_file(run, step, rank)
+    name = os.path.basename(path).encode("ascii", "replace").decode().replace('"', "_")
+    f = open(path, "rb")  # the response closes it
+    response = Response(wrap_file(request.environ, f), mimetype="application/octet-stream",
+                        direct_passthrough=True)
+    response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    response.headers["Content-Length"] = str(os.fstat(f.fileno()).st_size)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def _static_file(rel: str) -> str | None:
+    """A file under tb_gpuprof/static/ named by a request path, never anything outside it."""
+    parts = [p for p in rel.split("/") if p]
+    if not parts or any(p in (".", "..") or p.startswith(".") or "\\" in p for p in parts):
+        return None
+    root = os.path.realpath(STATIC_DIR)
+    path = os.path.realpath(os.path.join(root, *parts))
+    if os.path.commonpath([root, path]) != root or not os.path.isfile(path):
+        return None
+    return path
+
+
+def _send(request: wrappers.Request, path: str) -> Response:
+    with open(path, "rb") as f:
+        body = f.read()
+    return _send_bytes(request, body, path)
+
+
+def _send_bytes(request: wrappers.Request, body: bytes, path: str) -> Response:
+    mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    if path.endswith((".js", ".mjs")):
+        mime = "text/javascript"
+    return http_util.Respond(request, body, mime)
+
+
+def _index_js(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    # The dashboard's module when it is built, else a minimal one that lists runs.
+    path = _static_file("index.js")
+    if path is not None:
+        return _send(request, path)
+    return _send_bytes(request, FALLBACK_MODULE.encode(), "index.js")
+
+
+def _static(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    prefix = f"/data/plugin/{schema.PLUGIN_NAME}/"
+    rel = request.path.split(prefix, 1)[1] if prefix in request.path else ""
+    rel = rel.removeprefix("static/")
+    path = _static_file(rel)
+    if path is None:
+        raise HttpError(404, "no such route or file")
+    return _send(request, path)
+
+
+ROUTES: dict[str, Handler] = {
+    "/runs": _runs,
+    "/report": _report,
+    "/kernels": _kernels,
+    "/scalars": _scalars,
+    "/compare": _compare,
+    "/telemetry": _telemetry,
+    "/trace": _trace,
+    "/index.js": _index_js,
+    "/*": _static,  # other dashboard assets, e.g. /static/app.css
+}
+
+
+def make_apps(plugin: GpuProfPlugin) -> dict[str, Callable]:
+    return {route: _wrap(plugin, handler) for route, handler in ROUTES.items()}

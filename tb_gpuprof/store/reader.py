@@ -1,0 +1,147 @@
+"""Read stored reports straight from event files (for `tb-gpuprof report <run or logdir>`).
+
+TensorBoard's own readers go through ``tensorboard.compat.tf`` (and so import TensorFlow when
+it is installed); this reads the record format directly. Like TensorBoard, a truncated or
+corrupt tail of an events file ends that file's data instead of failing the whole run.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+from ..errors import RunNotFoundError
+from . import schema
+
+_HEADER = struct.Struct("<QI")
+# A length this large is a corrupt header, not a record (stored reports are a few MiB).
+_MAX_RECORD_BYTES = 512 * 1024 * 1024
+
+
+def is_events_file(name: str) -> bool:
+    return "tfevents" in name
+
+
+def iter_records(path: str) -> Iterator[bytes]:
+    """Records of one events file; stops quietly at a truncated or corrupt record.
+
+    The length's CRC is checked (a torn write shows there first); payload integrity of
+    reports is covered by zlib's own checksum when they are decoded.
+    """
+    with open(path, "rb") as f:
+        while True:
+            header = f.read(_HEADER.size)
+            if len(header) < _HEADER.size:
+                return
+            length, length_crc = _HEADER.unpack(header)
+            if masked_crc32c(header[:8]) != length_crc or length > _MAX_RECORD_BYTES:
+                return
+            data = f.read(length)
+            if len(data) < length or len(f.read(4)) < 4:
+                return
+            yield data
+
+
+def iter_events(path: str) -> Iterator[event_pb2.Event]:
+    for data in iter_records(path):
+        try:
+            yield event_pb2.Event.FromString(data)
+        except DecodeError:
+            return
+
+
+@dataclass(frozen=True, slots=True)
+class StoredReport:
+    step: int
+    rank: int
+    wall_time: float
+    blob: bytes
+    content: bytes
+    file: str
+
+
+def event_files(run_dir: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return []
+    return [os.path.join(run_dir, n) for n in names
+            if is_events_file(n) and os.path.isfile(os.path.join(run_dir, n))]
+
+
+def stored_reports(run_dir: str) -> list[StoredReport]:
+    """Every report record in the run's events files (not its sub-runs), in file order."""
+    found = []
+    for path in event_files(run_dir):
+        for event in iter_events(path):
+            for value in event.summary.value:
+                parsed = schema.parse_report_tag(value.tag)
+                if parsed is None or len(value.tensor.string_val) != 1:
+                    continue
+                found.append(StoredReport(parsed[0], parsed[1], event.wall_time,
+                                          value.tensor.string_val[0],
+                                          value.metadata.plugin_data.content, path))
+    return found
+
+
+def find_runs(logdir: str) -> dict[str, str]:
+    """Run name (as TensorBoard names it: path relative to the logdir, "." for itself) -> dir."""
+    runs = {}
+    for dirpath, dirnames, filenames in os.walk(logdir):
+        dirnames.sort()
+        if any(is_events_file(n) for n in filenames):
+            rel = os.path.relpath(dirpath, logdir)
+            runs[rel.replace(os.sep, "/")] = dirpath
+    return runs
+
+
+def _pick(reports: list[StoredReport], step: int | None, where: str) -> StoredReport:
+    if step is None:
+        step = max(r.step for r in reports)
+    at_step = [r for r in reports if r.step == step]
+    if not at_step:
+        steps = ", ".join(str(s) for s in sorted({r.step for r in reports}))
+        raise RunNotFoundError(f"{where}: no report at step {step} (steps: {steps})")
+    # Rank 0 first; for a rewritten window, the latest write wins.
+    return min(at_step, key=lambda r: (r.rank, -r.wall_time))
+
+
+def load_run_report(path: str, run: str | None = None, step: int | None = None) -> dict[str, Any]:
+    """The stored report of a run directory, or of one run of a log directory.
+
+    With a log directory, ``run`` picks the run; without it, the only run holding a report.
+    Default step: the latest window.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise RunNotFoundError(f"{path}: no such directory")
+    runs = find_runs(path)
+    if run is not None:
+        run_key = run.strip("/").replace(os.sep, "/") or "."
+        if run_key not in runs:
+            names = ", ".join(sorted(runs)) or "none"
+            raise RunNotFoundError(f"{path}: no run named {run!r} (runs: {names})")
+        candidates = {run_key: runs[run_key]}
+    else:
+        candidates = runs
+    with_reports = {name: reps for name, d in candidates.items() if (reps := stored_reports(d))}
+    if not with_reports:
+        what = f"run {run!r} of {path}" if run is not None else path
+        if not runs:
+            raise RunNotFoundError(f"{what}: no TensorBoard event files found")
+        raise RunNotFoundError(f"{what}: no tb_gpuprof report stored (only scalars or other data)")
+    if len(with_reports) > 1:
+        names = ", ".join(sorted(with_reports))
+        raise RunNotFoundError(f"{path}: {len(with_reports)} runs hold reports ({names}); "
+                               "pick one with --run")
+    ((name, reports),) = with_reports.items()
+    where = os.path.join(path, name) if name != "." else path
+    chosen = _pick(reports, step, where)
+    return schema.decode_report(chosen.blob, chosen.content, f"{where} step {chosen.step}")
