@@ -1,0 +1,156 @@
+"""What a PyTorch process is set up to do: versions, GPU, and the switches recommendations read.
+
+The result is the ``env`` dict :func:`tb_gpuprof.analysis.report.build_report` merges into
+``report["system"]`` (flag names in docs/report-schema.md and docs/recommendations.md).
+Every probe is independent and best-effort: a probe that fails leaves its field ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+
+def cudnn_version_string(v: int | None) -> str | None:
+    """cuDNN's version int as "M.m.p" (9.x: M*10000+m*100+p; 8.x: M*1000+m*100+p)."""
+    if not v:
+        return None
+    if v >= 10000:
+        return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+    return f"{v // 1000}.{(v // 100) % 10}.{v % 100}"
+
+
+def autocast_state(torch: Any) -> str | None:
+    """The dtype name autocast is enabled with right now (CUDA first, then CPU), else None."""
+    for device in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device):
+            return str(torch.get_autocast_dtype(device)).replace("torch.", "")
+    return None
+
+
+def is_compiled_module(torch: Any, model: Any) -> bool:
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(dynamo, "OptimizedModule", None)
+    return optimized is not None and isinstance(model, optimized)
+
+
+def dynamo_compiled_anything() -> bool:
+    """True when torch.compile produced at least one graph in this process (no import forced)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return False
+    try:
+        return int(utils.counters["stats"].get("unique_graphs", 0)) > 0
+    except Exception:
+        return False
+
+
+def conv_weights_channels_last(torch: Any, modules: Iterable[Any]) -> bool | None:
+    """Whether the model's 4-D conv weights are stored channels_last (None: no telling conv).
+
+    1x1 and single-channel kernels satisfy both layouts and are skipped; the majority of
+    the others decides.
+    """
+    votes = [0, 0]  # [contiguous (NCHW), channels_last]
+    for m in modules:
+        w = getattr(m, "weight", None)
+        if not isinstance(m, torch.nn.modules.conv._ConvNd) or w is None or w.dim() != 4:
+            continue
+        nchw = w.is_contiguous()
+        nhwc = w.is_contiguous(memory_format=torch.channels_last)
+        if nchw != nhwc:
+            votes[nhwc] += 1
+    if votes == [0, 0]:
+        return None
+    return votes[1] > votes[0]
+
+
+def distributed_info(torch: Any) -> dict[str, Any]:
+    try:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return {"rank": int(dist.get_rank()), "world_size": int(dist.get_world_size()),
+                    "backend": str(dist.get_backend())}
+    except Exception:
+        pass
+    rank = os.environ.get("RANK", "")
+    world = os.environ.get("WORLD_SIZE", "")
+    return {"rank": int(rank) if rank.isdigit() else 0,
+            "world_size": int(world) if world.isdigit() else 1, "backend": None}
+
+
+def _new_api_tf32(*settings: Any) -> bool | None:
+    """Resolve torch>=2.9 ``fp32_precision`` settings, most specific first ("none" defers)."""
+    for value in settings:
+        if value == "tf32":
+            return True
+        if value == "ieee":
+            return False
+    return None
+
+
+def tf32_flags(torch: Any) -> dict[str, Any]:
+    """TF32 switches through the new ``fp32_precision`` API when set, else the legacy flags.
+
+    Reading a legacy flag raises once the new API was used for the same backend, so the
+    new API is consulted first and every read is guarded.
+    """
+    backends = torch.backends
+    top = getattr(backends, "fp32_precision", None)
+    matmul = _new_api_tf32(getattr(backends.cuda.matmul, "fp32_precision", None), top)
+    if matmul is None:
+        matmul = _probe(lambda: bool(backends.cuda.matmul.allow_tf32))
+    conv = getattr(getattr(backends.cudnn, "conv", None), "fp32_precision", None)
+    cudnn = _new_api_tf32(conv, getattr(backends.cudnn, "fp32_precision", None), top)
+    if cudnn is None:
+        cudnn = _probe(lambda: bool(backends.cudnn.allow_tf32))
+    precision = _probe(torch.get_float32_matmul_precision)
+    if precision is None and matmul is not None:
+        precision = "high" if matmul else "highest"
+    return {"allow_tf32_matmul": matmul, "allow_tf32_cudnn": cudnn,
+            "float32_matmul_precision": precision}
+
+
+def _probe(fn: Any, default: Any = None) -> Any:
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def record_env(torch: Any, *, model: Any = None, convs: Iterable[Any] | None = None,
+               autocast: str | None = None, compiled: bool | None = None,
+               device: int | None = None) -> dict[str, Any]:
+    """Snapshot the environment now. ``autocast`` is what the hook saw inside the loop
+    (autocast is a context inside the user's code, so it cannot be read from outside);
+    ``convs`` are conv modules seen running, used for the layout when ``model`` is unknown."""
+    cuda_ok = bool(_probe(torch.cuda.is_available, False))
+    env: dict[str, Any] = {
+        "framework": "pytorch",
+        "framework_version": str(torch.__version__).split("+")[0],
+        "cuda_runtime": getattr(torch.version, "cuda", None),
+        "cudnn": _probe(lambda: cudnn_version_string(torch.backends.cudnn.version())),
+    }
+    if cuda_ok:
+        dev = torch.cuda.current_device() if device is None else device
+        props = _probe(lambda: torch.cuda.get_device_properties(dev))
+        if props is not None:
+            env["gpu_name"] = props.name
+            env["compute_capability"] = f"{props.major}.{props.minor}"
+            env["num_sms"] = props.multi_processor_count
+            env["gpu_memory_bytes"] = props.total_memory
+    if compiled is None:
+        compiled = is_compiled_module(torch, model) or dynamo_compiled_anything()
+    env["flags"] = {
+        **tf32_flags(torch),
+        "nvidia_tf32_override": os.environ.get("NVIDIA_TF32_OVERRIDE"),
+        "autocast": autocast,
+        "cudnn_benchmark": _probe(lambda: bool(torch.backends.cudnn.benchmark)),
+        "channels_last": _probe(lambda: conv_weights_channels_last(
+            torch, model.modules() if model is not None else (convs or ()))),
+        "compiled": bool(compiled),
+    }
+    env["distributed"] = distributed_info(torch)
+    return env

@@ -1,0 +1,560 @@
+"""PyTorch training hook: always-on iteration timing plus one profiled window.
+
+    from tb_gpuprof.torch import GpuProfiler
+    with GpuProfiler("runs/resnet50_amp", iter_start=20, iter_stop=40) as prof:
+        for x, y in prof.wrap(loader):
+            ...train step...
+            prof.step()
+
+Always on: wall time, GPU time (CUDA events read lazily, never synchronized), data wait and
+memory peaks per iteration, written as scalars off the training thread; NVTX ranges per
+iteration. In [iter_start, iter_stop): torch.profiler, then analysis off the training thread
+into a report stored in the run. Nothing here may break training: an internal error becomes
+one warning and switches off the feature that failed. User guide: docs/pytorch.md.
+
+This module is named like the framework; ``torch`` itself is imported lazily via importlib
+(absolute imports resolve to the real package).
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import importlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from . import _torch_env
+
+# How many finished iterations may wait for their CUDA events before the oldest is dropped
+# (the GPU never lags that far behind in practice; this only bounds memory).
+MAX_PENDING = 1000
+
+
+class GpuProfWarning(UserWarning):
+    """A tb_gpuprof feature failed and was switched off; training goes on."""
+
+
+class _Iter:
+    """One finished iteration waiting for its GPU time."""
+
+    __slots__ = ("data_ms", "ev_end", "ev_start", "mem", "step", "wall_ms", "wall_time")
+
+    def __init__(self, step: int, wall_ms: float, data_ms: float | None, wall_time: float) -> None:
+        self.step = step
+        self.wall_ms = wall_ms
+        self.data_ms = data_ms
+        self.wall_time = wall_time
+        self.ev_start: Any = None
+        self.ev_end: Any = None
+        self.mem: tuple[float, float] | None = None
+
+
+class GpuProfiler:
+    """Profile a PyTorch training loop; call :meth:`step` at the end of every iteration.
+
+    Args:
+        logdir: the run directory (one TensorBoard run); created if missing.
+        iter_start: first iteration of the profile window (0 = the first iteration after
+            ``start()``). ``None``: no window, always-on measurements only.
+        iter_stop: iteration the window stops before (exclusive); default ``iter_start + 1``.
+        nvml: sample GPU telemetry through NVML (``None``: on when a CUDA GPU is present).
+        nvml_interval_s: NVML sampling period.
+        with_stack: record Python stacks in the window (kernel -> source line; costs more).
+        record_shapes: record operator input shapes in the window.
+        with_flops: estimate FLOPs of matmul/conv operators in the window.
+        key: name of a range (``record_function``/NVTX) that marks one iteration in the
+            window's trace, DLProf's ``--key_node``; default: the hook's own ProfilerStep#N.
+        model: the ``nn.Module`` being trained (optional). Lets the hook read channels_last
+            and torch.compile reliably.
+        model_hooks: with ``model``: a forward pre-hook marks the batch as in hand (data
+            wait, when :meth:`wrap` is not used) and reads autocast inside the forward.
+        nvtx: push an NVTX range "iteration N" per iteration (Nsight Systems).
+        cuda_profiler_api: call cudaProfilerStart/Stop around the window, for
+            ``nsys profile -c cudaProfilerApi --stop-on-range-end true``.
+        memory: record peak allocated/reserved memory per iteration. This resets PyTorch's
+            peak-memory statistics every iteration (``torch.cuda.max_memory_allocated``
+            then covers one iteration); set False if your code reads them.
+        scalars: write the always-on scalars (``gpuprof/iteration_time_ms`` ...).
+        flush_secs: how often the background thread writes queued scalars.
+    """
+
+    def __init__(self, logdir: str | os.PathLike[str], iter_start: int | None = None,
+                 iter_stop: int | None = None, *, nvml: bool | None = None,
+                 nvml_interval_s: float = 1.0, with_stack: bool = False,
+                 record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
+                 model: Any = None, model_hooks: bool = True, nvtx: bool = True,
+                 cuda_profiler_api: bool = True, memory: bool = True, scalars: bool = True,
+                 flush_secs: float = 1.0) -> None:
+        if iter_start is not None and iter_start < 0:
+            raise ValueError(f"iter_start must be >= 0, got {iter_start}")
+        if iter_start is not None and iter_stop is None:
+            iter_stop = iter_start + 1
+        if iter_start is not None and iter_stop is not None and iter_stop <= iter_start:
+            raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
+                             f"({iter_start})")
+        self.logdir = os.fspath(logdir)
+        self.iter_start = iter_start
+        self.iter_stop = iter_stop if iter_start is not None else None
+        self.key = key
+        self.model = model
+        self.nvml_interval_s = nvml_interval_s
+        self.with_stack = with_stack
+        self.record_shapes = record_shapes
+        self.with_flops = with_flops
+        self.flush_secs = flush_secs
+        self._want = {"nvml": nvml, "nvtx": nvtx, "cuda_profiler_api": cuda_profiler_api,
+                      "memory": memory, "scalars": scalars, "model_hooks": model_hooks}
+        self._on: dict[str, bool] = {}
+        self._warned: set[str] = set()
+        self._torch: Any = None
+        self._writer: Any = None
+        self._sampler: Any = None
+        self._started = False
+        self.cuda = False
+        self._dead = True  # until start() succeeds, and after an internal bug
+        self._closed = False
+        self.iteration = 0  # index of the iteration in progress
+        self._t_last = 0.0
+        self._t_ready: float | None = None
+        self._ev_last: Any = None  # end event of the previous iteration
+        self._ev_ready: Any = None  # event recorded when this iteration's batch was in hand
+        self._pending: collections.deque[_Iter] = collections.deque()
+        self._out: collections.deque[tuple[int, float, dict[str, float]]] = collections.deque()
+        self._flusher: threading.Thread | None = None
+        self._stop_flusher = threading.Event()
+        self._hooks: list[Any] = []
+        self._autocast: str | None = None
+        self._window: Any = None  # the running torch.profiler.profile
+        self._window_t0 = 0.0
+        self._nvtx_open = False
+        self._analysis: threading.Thread | None = None
+        self._wall_ms: list[float] = []
+        self.env: dict[str, Any] | None = None
+        self.report: dict[str, Any] | None = None  # the window's report, once analyzed
+        self.trace_path: str | None = None  # the stored raw trace, once saved
+
+    # -- robustness ------------------------------------------------------------------------
+
+    def _fail(self, feature: str, exc: BaseException | str) -> None:
+        """Switch ``feature`` off and warn once; training continues."""
+        self._on[feature] = False
+        if feature not in self._warned:
+            self._warned.add(feature)
+            warnings.warn(f"tb_gpuprof: {feature} disabled, training continues: {exc}",
+                          GpuProfWarning, stacklevel=3)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> GpuProfiler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> GpuProfiler:
+        """Begin iteration 0 (``with GpuProfiler(...)`` calls this)."""
+        if self._started:
+            return self
+        self._started = True
+        try:
+            self._start()
+            self._dead = False
+        except Exception as e:
+            self._fail("tb_gpuprof", e)
+        return self
+
+    def _start(self) -> None:
+        self._torch = torch = importlib.import_module("torch")
+        try:
+            cuda = bool(torch.cuda.is_available())
+        except Exception:
+            cuda = False
+        self.cuda = cuda
+        self._device = torch.cuda.current_device() if cuda else None
+        w = self._want
+        self._on = {"scalars": bool(w["scalars"]), "cuda_timing": cuda,
+                    "memory": cuda and bool(w["memory"]), "nvtx": cuda and bool(w["nvtx"]),
+                    "cuda_profiler_api": cuda and bool(w["cuda_profiler_api"]),
+                    "window": self.iter_start is not None,
+                    "model_hooks": self.model is not None and bool(w["model_hooks"]),
+                    "nvml": cuda if w["nvml"] is None else bool(w["nvml"])}
+        self._guard("event writer", self._open_writer)
+        self._guard("nvml", self._start_nvml, when="nvml")
+        self._guard("model_hooks", self._install_model_hooks, when="model_hooks")
+        if self._writer is not None and self._on["scalars"]:
+            self._flusher = threading.Thread(target=self._flush_loop, name="tb_gpuprof-scalars",
+                                             daemon=True)
+            self._flusher.start()
+        self._begin_iteration(time.perf_counter())
+
+    def _guard(self, feature: str, fn: Any, *args: Any, when: str | None = None) -> Any:
+        if when is not None and not self._on.get(when):
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._fail(when or feature, e)
+            return None
+
+    def _open_writer(self) -> None:
+        from .store.writer import EventWriter
+
+        self._writer = EventWriter(self.logdir)
+
+    def _start_nvml(self) -> None:
+        from .nvml.sampler import NvmlSampler
+
+        self._sampler = NvmlSampler(interval_s=self.nvml_interval_s)
+        self._sampler.start()
+
+    def _install_model_hooks(self) -> None:
+        def pre_hook(module: Any, args: Any) -> None:
+            try:
+                self.batch_ready()
+                if self._window is not None and self._autocast is None:
+                    self._autocast = _torch_env.autocast_state(self._torch)
+            except Exception as e:  # a hook must never raise into the model
+                self._fail("model_hooks", e)
+
+        self._hooks.append(self.model.register_forward_pre_hook(pre_hook))
+
+    def close(self) -> None:
+        """End the last iteration's bookkeeping, finish the window's analysis, flush."""
+        if not self._started or self._closed:
+            return
+        self._closed = True
+        if self._window is not None:
+            warnings.warn(f"tb_gpuprof: the loop ended at iteration {self.iteration}, inside "
+                          f"the window [{self.iter_start}, {self.iter_stop}); the report covers "
+                          "the iterations that ran", GpuProfWarning, stacklevel=2)
+            self._guard("window", self._stop_window, self.iteration)
+        if self._nvtx_open:
+            self._guard("nvtx", self._torch.cuda.nvtx.range_pop, when="nvtx")
+        for h in self._hooks:
+            h.remove()
+        self._harvest(wait=True)
+        self.wait()
+        if self._flusher is not None:
+            self._stop_flusher.set()
+            self._flusher.join(timeout=30)
+        self._flush_scalars()
+        if self._sampler is not None:
+            self._guard("nvml", self._sampler.stop)
+        self._guard("run summary", self._write_summary)
+        if self._writer is not None:
+            self._guard("event writer", self._writer.close)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the window's analysis; True when it is done (or there is none)."""
+        t = self._analysis
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    # -- per iteration -----------------------------------------------------------------------
+
+    def batch_ready(self) -> None:
+        """The current iteration's batch is in hand: time since the last :meth:`step` is data
+        wait. Called by :meth:`wrap` and the ``model`` forward hook; the first call counts."""
+        if self._t_ready is not None or self._dead or self._closed:
+            return
+        self._t_ready = time.perf_counter()
+        if self._on.get("cuda_timing"):
+            try:
+                ev = self._torch.cuda.Event(enable_timing=True)
+                ev.record()
+                self._ev_ready = ev
+            except Exception as e:
+                self._fail("cuda_timing", e)
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` just spent (e.g. a validation run) out of the current iteration's
+        wall time and data wait."""
+        self._t_last += seconds
+
+    def wrap(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterate ``loader``, marking each batch's arrival (exact data-wait timing)."""
+        it = iter(loader)
+        while True:
+            if self._on.get("nvtx"):
+                self._guard("nvtx", self._torch.cuda.nvtx.range_push, "data", when="nvtx")
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            finally:
+                if self._on.get("nvtx"):
+                    self._guard("nvtx", self._torch.cuda.nvtx.range_pop, when="nvtx")
+            self.batch_ready()
+            yield batch
+
+    def step(self) -> None:
+        """End the current iteration. Cheap: no device synchronization, no file I/O."""
+        if self._dead or self._closed:
+            return
+        try:
+            self._step()
+        except Exception as e:  # a bug of ours: stop measuring, never stop training
+            self._fail("tb_gpuprof", e)
+            self._dead = True
+
+    def _step(self) -> None:
+        t = time.perf_counter()
+        i = self.iteration
+        on = self._on
+        data_ms = (self._t_ready - self._t_last) * 1e3 if self._t_ready is not None else None
+        rec = _Iter(i, (t - self._t_last) * 1e3, data_ms, time.time())
+        torch = self._torch
+        if on["cuda_timing"]:
+            try:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                rec.ev_start = self._ev_ready or self._ev_last
+                rec.ev_end = self._ev_last = ev
+            except Exception as e:
+                self._fail("cuda_timing", e)
+        if on["memory"]:
+            try:
+                stats = torch.cuda.memory.memory_stats_as_nested_dict(self._device)
+                rec.mem = (stats["allocated_bytes"]["all"]["peak"] / 2**20,
+                           stats["reserved_bytes"]["all"]["peak"] / 2**20)
+                torch.cuda.reset_peak_memory_stats(self._device)
+            except Exception as e:
+                self._fail("memory", e)
+        if on["nvtx"] and self._nvtx_open:
+            self._guard("nvtx", torch.cuda.nvtx.range_pop, when="nvtx")
+            self._nvtx_open = False
+        self._pending.append(rec)
+        self._harvest()
+        self._wall_ms.append(rec.wall_ms)
+        if len(self._wall_ms) > 100_000:  # bound memory on endless runs
+            del self._wall_ms[:50_000]
+        moved = False
+        if self._window is not None:
+            if self._autocast is None:
+                self._autocast = self._guard("autocast probe", _torch_env.autocast_state, torch)
+            if i + 1 >= (self.iter_stop or 0):
+                self._guard("window", self._stop_window, i + 1, when="window")
+                moved = True
+            else:
+                try:
+                    self._window.step()
+                except Exception as e:
+                    self._abort_window(e)
+        elif on["window"] and self._analysis is None and i + 1 == self.iter_start:
+            self._guard("window", self._start_window, i + 1, when="window")
+            moved = True
+        self.iteration = i + 1
+        # The hook's own window start/stop (can take seconds) is not charged to an iteration.
+        self._begin_iteration(time.perf_counter() if moved else t)
+
+    def _begin_iteration(self, t: float) -> None:
+        self._t_last = t
+        self._t_ready = None
+        self._ev_ready = None
+        i = self.iteration
+        if i == 0 and self._on.get("cuda_timing"):
+            try:
+                self._ev_last = self._torch.cuda.Event(enable_timing=True)
+                self._ev_last.record()
+            except Exception as e:
+                self._fail("cuda_timing", e)
+        if i == 0 and self._on.get("window") and self.iter_start == 0 and self._window is None:
+            self._guard("window", self._start_window, 0, when="window")
+            self._t_last = time.perf_counter()
+        if self._on.get("nvtx"):
+            self._guard("nvtx", self._torch.cuda.nvtx.range_push, f"iteration {i}", when="nvtx")
+            self._nvtx_open = self._on.get("nvtx", False)
+
+    def _harvest(self, wait: bool = False) -> None:
+        """Move iterations whose end event completed to the write queue (query(), no sync)."""
+        pending = self._pending
+        while pending:
+            rec = pending[0]
+            gpu_ms = None
+            if rec.ev_end is not None and self._on.get("cuda_timing"):
+                try:
+                    if not rec.ev_end.query():
+                        if not wait and len(pending) < MAX_PENDING:
+                            return
+                        if wait:
+                            rec.ev_end.synchronize()  # close(): the loop is over
+                    if rec.ev_start is not None and rec.ev_end.query():
+                        gpu_ms = rec.ev_start.elapsed_time(rec.ev_end)
+                except Exception as e:
+                    self._fail("cuda_timing", e)
+            pending.popleft()
+            if not self._on.get("scalars"):
+                continue
+            values = {"gpuprof/iteration_time_ms": rec.wall_ms}
+            if gpu_ms is not None:
+                values["gpuprof/gpu_time_ms"] = gpu_ms
+            if rec.data_ms is not None:
+                values["gpuprof/data_wait_ms"] = rec.data_ms
+            if rec.mem is not None:
+                values["gpuprof/memory_allocated_peak_mb"] = rec.mem[0]
+                values["gpuprof/memory_reserved_peak_mb"] = rec.mem[1]
+            self._out.append((rec.step, rec.wall_time, values))
+
+    # -- scalars (background thread) ---------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not self._stop_flusher.wait(self.flush_secs):
+            self._flush_scalars()
+
+    def _flush_scalars(self) -> None:
+        writer, out = self._writer, self._out
+        if writer is None:
+            return
+        try:
+            while out:
+                step, wall_time, values = out.popleft()
+                if self._on.get("scalars"):
+                    writer.add_scalars(values, step, wall_time)
+            if self._sampler is not None and self._on.get("nvml"):
+                nv = self._sampler.scalars()
+                if nv:
+                    writer.add_scalars(_nvml_tags(nv), max(self.iteration - 1, 0))
+        except Exception as e:
+            self._fail("scalars", e)
+
+    # -- the window --------------------------------------------------------------------------
+
+    def _start_window(self, step: int) -> None:
+        torch = self._torch
+        if torch._C._autograd._profiler_enabled():
+            raise RuntimeError("another profiler (torch.profiler / autograd profiler) is already "
+                               "running in this process; no window report")
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.cuda:
+            activities.append(ProfilerActivity.CUDA)
+        prof = profile(activities=activities, record_shapes=self.record_shapes,
+                       with_flops=self.with_flops, with_stack=self.with_stack,
+                       schedule=lambda _: ProfilerAction.RECORD)  # schedule => ProfilerStep#N
+        prof.step_num = step
+        if self.model is None and not _torch_env.dynamo_compiled_anything():
+            self._install_probe()
+        prof.start()
+        self._window = prof
+        self._window_t0 = time.time()
+        if self._on.get("cuda_profiler_api"):
+            self._guard("cuda_profiler_api", torch.cuda.profiler.start, when="cuda_profiler_api")
+
+    def _install_probe(self) -> None:
+        """Without ``model``: a global module pre-hook for the window only, which reads the
+        autocast state and the first convolution's weight layout from inside the forward."""
+        torch = self._torch
+        conv = torch.nn.modules.conv._ConvNd
+        convs: list[Any] = []
+        self._probe_convs = convs
+
+        def probe(module: Any, args: Any) -> None:
+            try:
+                if self._autocast is None:
+                    self._autocast = _torch_env.autocast_state(torch)
+                if len(convs) < 16 and isinstance(module, conv):
+                    convs.append(module)
+            except Exception:
+                pass
+
+        self._probe = torch.nn.modules.module.register_module_forward_pre_hook(probe)
+
+    def _stop_window(self, stop: int) -> None:
+        prof, self._window = self._window, None
+        torch = self._torch
+        if self._on.get("cuda_profiler_api"):
+            self._guard("cuda_profiler_api", torch.cuda.profiler.stop, when="cuda_profiler_api")
+        probe = getattr(self, "_probe", None)
+        if probe is not None:
+            probe.remove()
+            self._probe = None
+        prof.stop()
+        convs = getattr(self, "_probe_convs", None) if self.model is None else None
+        env = _torch_env.record_env(torch, model=self.model, convs=convs,
+                                    autocast=self._autocast, device=self._device)
+        self.env = env
+        telemetry = None
+        if self._sampler is not None and self._on.get("nvml"):
+            telemetry = self._guard("nvml", self._sampler.window_summary, self._window_t0,
+                                    time.time())
+        self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
+                                          args=(prof, stop - 1, env, telemetry))
+        self._analysis.start()
+
+    def _abort_window(self, exc: BaseException) -> None:
+        prof, self._window = self._window, None
+        try:
+            prof.stop()
+        except Exception:
+            pass
+        self._fail("window", exc)
+
+    def _analyze(self, prof: Any, step: int, env: dict[str, Any], telemetry: Any) -> None:
+        tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
+        try:
+            raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
+            prof.export_chrome_trace(raw)
+            from .analysis.report import build_report
+            from .readers import load_profile
+
+            profile = load_profile(raw)
+            if self.cuda and not profile.gpu:
+                warnings.warn("tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
+                              "probably in use by another tool (Nsight Systems/Compute, another "
+                              "profiler, JAX); the report covers CPU operators only",
+                              GpuProfWarning, stacklevel=1)
+            report = build_report(profile, key=self.key, env=env, telemetry=telemetry)
+            self.report = report
+            if self._writer is None:
+                return
+            self._writer.add_report(report, step=step)
+            packed = raw + ".gz"
+            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            from .store.writer import save_raw_trace
+
+            self.trace_path = save_raw_trace(self.logdir, packed, step)
+        except Exception as e:
+            self._fail("window", f"analysis failed: {e}")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    # -- run summary -------------------------------------------------------------------------
+
+    def _write_summary(self) -> None:
+        """Rank 0 records what the run was (other ranks' scalars sit in their own files)."""
+        if self._writer is None or self._torch is None:
+            return
+        dist = _torch_env.distributed_info(self._torch)
+        if dist["rank"] != 0:
+            return
+        walls = sorted(self._wall_ms[1:] or self._wall_ms)  # iteration 0 includes warm-up
+        summary: dict[str, Any] = {
+            "iterations": self.iteration,
+            "iteration_time_ms_median": walls[len(walls) // 2] if walls else None,
+            "window": [self.iter_start, self.iter_stop] if self.iter_start is not None else None,
+            "report_step": (self.iter_stop - 1) if self.report is not None else None,
+            "distributed": dist,
+            "env": self.env,
+            "warnings": sorted(self._warned),
+        }
+        self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
+
+
+def _nvml_tags(values: dict[str, float]) -> dict[str, float]:
+    return {(k if k.startswith("gpuprof/") else f"gpuprof/{k}"): float(v)
+            for k, v in values.items()}
+
+
+__all__ = ["GpuProfWarning", "GpuProfiler"]
