@@ -11,6 +11,7 @@ CPU socket interconnect (QPI/UPI/SMP).
 from __future__ import annotations
 
 import os
+from itertools import combinations
 from typing import Any
 
 from .backend import DeviceInfo
@@ -84,7 +85,7 @@ def topology_from_backend(backend: Any, job_uuids: list[str] | None = None) -> d
     n = len(physical)
     matrix = [["X"] * n for _ in range(n)]
     nvlink_counts = [[0] * n for _ in range(n)]
-    for i, j in ((i, j) for i in range(n) for j in range(i + 1, n)):
+    for i, j in combinations(range(n), 2):
         # links are symmetric; ask from both ends since one side may not report its remote
         ab = _link_label(backend, physical[i], physical[j], links)
         ba = _link_label(backend, physical[j], physical[i], links)
