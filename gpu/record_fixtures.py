@@ -105,13 +105,13 @@ def run_case(name: str, out: str, model: nn.Module, batch: int, *, amp: str | No
     torch.cuda.synchronize()
     iter_ms = (time.perf_counter() - t0) * 1e3 / n
     trace = os.path.join(out, f"{name}.json")
+    # With a schedule the trace must be exported from on_trace_ready, at the cycle's end.
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                  schedule=schedule(wait=0, warmup=1, active=steps), record_shapes=True,
-                 with_flops=True) as prof:
+                 with_flops=True, on_trace_ready=lambda p: p.export_chrome_trace(trace)) as prof:
         for _ in range(1 + steps):
             step()
             prof.step()
-    prof.export_chrome_trace(trace)
     with open(trace, "rb") as f, gzip.open(trace + ".gz", "wb", compresslevel=9) as g:
         shutil.copyfileobj(f, g)
     os.remove(trace)
@@ -136,7 +136,7 @@ def mlp(width: int = 512, depth: int = 48) -> nn.Module:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--only", default=None, help="comma-separated case names")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
