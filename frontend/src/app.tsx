@@ -1,0 +1,132 @@
+// The plugin page: run/window selectors, tabs, and the view of the selected run.
+import { useEffect, useState } from "preact/hooks";
+import { api, clearCache } from "./api";
+import { Empty, ErrorBox, Loading, useAsync } from "./components";
+import type { Report, RunInfo } from "./types";
+import { CompareView } from "./views/CompareView";
+import { DashboardView } from "./views/DashboardView";
+import { GpuView } from "./views/GpuView";
+import { IterationsView } from "./views/IterationsView";
+import { KernelsView } from "./views/KernelsView";
+
+const TABS = ["dashboard", "kernels", "iterations", "gpu", "compare"] as const;
+type Tab = (typeof TABS)[number];
+const TAB_LABELS: Record<Tab, string> = { dashboard: "Dashboard", kernels: "Kernels", iterations: "Iterations", gpu: "GPU", compare: "Compare" };
+
+/** Dark when the OS asks for it or TensorBoard's own dark mode (body.dark-mode of the parent page) is on. */
+function useDarkMode(): boolean {
+  const detect = () => {
+    let tb = false;
+    try {
+      tb = !!window.parent?.document?.body?.classList.contains("dark-mode");
+    } catch {
+      // parent not same-origin: only the media query counts
+    }
+    return tb || window.matchMedia?.("(prefers-color-scheme: dark)").matches === true;
+  };
+  const [dark, setDark] = useState(detect);
+  useEffect(() => {
+    const update = () => setDark(detect());
+    const mq = window.matchMedia?.("(prefers-color-scheme: dark)");
+    mq?.addEventListener?.("change", update);
+    let mo: MutationObserver | null = null;
+    try {
+      const body = window.parent !== window ? window.parent.document.body : null;
+      if (body) {
+        mo = new MutationObserver(update);
+        mo.observe(body, { attributes: true, attributeFilter: ["class"] });
+      }
+    } catch {
+      mo = null;
+    }
+    return () => {
+      mq?.removeEventListener?.("change", update);
+      mo?.disconnect();
+    };
+  }, []);
+  useEffect(() => {
+    document.body.classList.toggle("gp-dark-body", dark);
+  }, [dark]);
+  return dark;
+}
+
+function firstUsable(runs: RunInfo[]): string | null {
+  return (runs.find((r) => r.reports.length && !r.error) ?? runs[0])?.run ?? null;
+}
+
+function RunPanel({ run, step, tab, dark }: { run: RunInfo; step: number | null; tab: Tab; dark: boolean }) {
+  const needsReport = tab !== "gpu" && run.reports.length > 0;
+  const report = useAsync<Report>(() => (needsReport || (tab === "gpu" && run.reports.length) ? api.report(run.run, step) : null), [run.run, step, needsReport]);
+  if (tab === "gpu") return <GpuView run={run.run} report={report.data} dark={dark} />;
+  if (!run.reports.length) {
+    return <Empty>run “{run.run}” has gpuprof scalars but no profiled window yet{run.error ? `: ${run.error}` : ""}</Empty>;
+  }
+  if (report.error) return <ErrorBox what={`run “${run.run}”`} error={report.error} />;
+  if (!report.data) return <Loading what="Loading report" />;
+  const r = report.data;
+  if (tab === "kernels") return <KernelsView key={`${run.run}@${step}`} run={run.run} step={step} report={r} />;
+  if (tab === "iterations") return <IterationsView report={r} dark={dark} />;
+  return <DashboardView run={run} step={step} report={r} dark={dark} />;
+}
+
+export function App() {
+  const dark = useDarkMode();
+  const [reloads, setReloads] = useState(0);
+  const runs = useAsync(() => api.runs(), [reloads]);
+  const [runName, setRunName] = useState<string | null>(null);
+  const [step, setStep] = useState<number | null>(null);
+  const [tab, setTab] = useState<Tab>("dashboard");
+
+  const list = runs.data?.runs ?? [];
+  const run = list.find((r) => r.run === runName) ?? null;
+  useEffect(() => {
+    if (runs.data && !run) {
+      setRunName(firstUsable(list));
+      setStep(null);
+    }
+  }, [runs.data]);
+
+  // One entry per window (a distributed run stores one report per rank at the same step).
+  const reports = run ? [...new Map(run.reports.map((r) => [r.step, r])).values()].sort((a, b) => a.step - b.step) : [];
+  return (
+    <div class={dark ? "gp dark" : "gp"} data-testid="gpuprof-root">
+      <header>
+        <label>Run{" "}
+          <select data-testid="run-select" value={runName ?? ""} onChange={(e) => { setRunName((e.target as HTMLSelectElement).value); setStep(null); }} disabled={!list.length}>
+            {list.map((r) => <option key={r.run} value={r.run}>{r.error ? `${r.run} (unreadable)` : r.run}</option>)}
+          </select>
+        </label>
+        {reports.length > 1 && tab !== "compare" ? (
+          <label>Window{" "}
+            <select data-testid="step-select" value={step === null ? "" : String(step)} onChange={(e) => { const v = (e.target as HTMLSelectElement).value; setStep(v === "" ? null : Number(v)); }}>
+              <option value="">latest (step {reports[reports.length - 1].step})</option>
+              {reports.map((r) => <option key={r.step} value={String(r.step)}>step {r.step} · {new Date(r.wall_time * 1000).toLocaleString()}</option>)}
+            </select>
+          </label>
+        ) : null}
+        {run?.has_trace && reports.length ? <a href={api.traceUrl(run.run, step)} download data-testid="trace-link">raw trace</a> : null}
+        <button onClick={() => { clearCache(); setReloads(reloads + 1); }} title="reload runs and reports">Reload</button>
+        <nav class="tabs" role="tablist">
+          {TABS.map((t) => (
+            <button key={t} role="tab" aria-selected={tab === t} data-tab={t} onClick={() => setTab(t)}>{TAB_LABELS[t]}</button>
+          ))}
+        </nav>
+      </header>
+      <main>
+        {runs.error ? <ErrorBox what="runs" error={runs.error} /> : null}
+        {runs.loading && !runs.data ? <Loading what="Loading runs" /> : null}
+        {runs.data && !list.length ? (
+          <Empty>No gpuprof data in this log directory yet. Record some with the PyTorch hook or Keras callback, or import a trace: tb-gpuprof import TRACE --logdir LOGDIR</Empty>
+        ) : null}
+        {tab === "compare" && list.length ? (
+          <CompareView runs={list} dark={dark} initial={runName ? [runName] : []} />
+        ) : run ? (
+          <>
+            {run.error && tab !== "gpu" ? <ErrorBox what={`run “${run.run}”`} error={run.error} /> : null}
+            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} /> : null}
+          </>
+        ) : null}
+      </main>
+    </div>
+  );
+}

@@ -1,0 +1,87 @@
+// Styles, injected as one <style> element built with textContent (TensorBoard's CSP allows inline
+// styles, not inline scripts). System/Roboto font stack like TensorBoard; no web fonts.
+export const CSS = `
+:root { color-scheme: light dark; }
+.gp {
+  --bg: #fff; --fg: #212121; --muted: #616161; --border: #e0e0e0; --panel: #fafafa;
+  --accent: #f57c00; --link: #1976d2; --hover: #fff3e0; --code: #f5f5f5;
+  --high: #c62828; --medium: #ef6c00; --low: #1976d2;
+  font-family: Roboto, "Helvetica Neue", "Segoe UI", Arial, sans-serif; font-size: 14px;
+  color: var(--fg); background: var(--bg); min-height: 100vh; box-sizing: border-box;
+}
+.gp.dark {
+  --bg: #303030; --fg: #e8e8e8; --muted: #aaa; --border: #4a4a4a; --panel: #383838;
+  --accent: #ff9800; --link: #64b5f6; --hover: #4a3a28; --code: #262626;
+  --high: #ef5350; --medium: #ffa726; --low: #64b5f6;
+}
+body { margin: 0; background: #fff; }
+body.gp-dark-body { background: #303030; }
+.gp *, .gp *::before, .gp *::after { box-sizing: inherit; }
+.gp header { display: flex; flex-wrap: wrap; align-items: center; gap: 12px; padding: 8px 16px;
+  border-bottom: 1px solid var(--border); background: var(--panel); position: sticky; top: 0; z-index: 5; }
+.gp header label { color: var(--muted); font-size: 13px; display: flex; gap: 6px; align-items: center; }
+.gp select, .gp input[type=search], .gp button { font: inherit; font-size: 13px; color: var(--fg);
+  background: var(--bg); border: 1px solid var(--border); border-radius: 4px; padding: 4px 8px; }
+.gp button { cursor: pointer; }
+.gp button:disabled { opacity: .5; cursor: default; }
+.gp button.primary { background: var(--accent); color: #fff; border-color: var(--accent); }
+.gp nav.tabs { display: flex; gap: 2px; margin-left: auto; }
+.gp nav.tabs button { border: none; background: none; padding: 8px 12px; border-bottom: 2px solid transparent;
+  border-radius: 0; text-transform: uppercase; font-size: 13px; letter-spacing: .03em; color: var(--muted); }
+.gp nav.tabs button[aria-selected=true] { color: var(--accent); border-bottom-color: var(--accent); font-weight: 500; }
+.gp main { padding: 16px; max-width: 1600px; }
+.gp h2 { font-size: 16px; font-weight: 500; margin: 0 0 8px; }
+.gp h3 { font-size: 14px; font-weight: 500; margin: 0 0 6px; }
+.gp .muted { color: var(--muted); }
+.gp .cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(180px, 1fr)); gap: 12px; margin-bottom: 16px; }
+.gp .card { border: 1px solid var(--border); border-radius: 6px; padding: 10px 14px; background: var(--panel); }
+.gp .card .label { color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .03em; }
+.gp .card .value { font-size: 24px; font-weight: 500; margin: 4px 0 2px; }
+.gp .card .sub { color: var(--muted); font-size: 12px; }
+.gp .grid2 { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 16px; margin-bottom: 16px; }
+.gp .panel { border: 1px solid var(--border); border-radius: 6px; padding: 12px 14px; margin-bottom: 16px; min-width: 0; }
+.gp .chart { width: 100%; }
+.gp .tablewrap { overflow-x: auto; }
+.gp table { border-collapse: collapse; width: 100%; font-size: 13px; }
+.gp th, .gp td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--border); white-space: nowrap; }
+.gp th { color: var(--muted); font-weight: 500; position: sticky; top: 0; background: var(--bg); }
+.gp th.sortable { cursor: pointer; user-select: none; }
+.gp th.sortable:hover { color: var(--fg); }
+.gp th[aria-sort=ascending]::after { content: " \\25B2"; font-size: 10px; }
+.gp th[aria-sort=descending]::after { content: " \\25BC"; font-size: 10px; }
+.gp td.num, .gp th.num { text-align: right; font-variant-numeric: tabular-nums; }
+.gp tbody tr:hover { background: var(--hover); }
+.gp .trunc { display: inline-block; max-width: 420px; overflow: hidden; text-overflow: ellipsis; vertical-align: bottom; }
+.gp .trunc.narrow { max-width: 220px; }
+.gp .mono { font-family: "Roboto Mono", Menlo, Consolas, monospace; font-size: 12px; }
+.gp .badge { display: inline-block; padding: 1px 6px; border-radius: 10px; font-size: 11px; font-weight: 500;
+  border: 1px solid currentColor; text-transform: uppercase; }
+.gp .badge.high { color: var(--high); } .gp .badge.medium { color: var(--medium); } .gp .badge.low { color: var(--low); }
+.gp .badge.tc { color: var(--accent); }
+.gp .status-appeared { color: var(--medium); } .gp .status-vanished { color: var(--low); }
+.gp .status-changed { color: var(--high); } .gp .status-same { color: var(--muted); }
+.gp .error { border: 1px solid var(--high); color: var(--high); border-radius: 6px; padding: 10px 14px; margin: 8px 0 16px;
+  background: transparent; white-space: pre-wrap; }
+.gp .empty { color: var(--muted); padding: 24px; text-align: center; border: 1px dashed var(--border); border-radius: 6px; }
+.gp .warn { color: var(--medium); }
+.gp .rec { border-left: 3px solid var(--accent); padding: 8px 12px; margin-bottom: 12px; background: var(--panel); border-radius: 0 6px 6px 0; }
+.gp .rec.high { border-left-color: var(--high); } .gp .rec.low { border-left-color: var(--low); }
+.gp .rec .head { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }
+.gp .rec .saving { margin-left: auto; color: var(--muted); font-size: 13px; }
+.gp .rec p { margin: 6px 0; }
+.gp .subtabs { display: flex; gap: 4px; margin: 6px 0 0; }
+.gp .subtabs button { padding: 2px 10px; font-size: 12px; }
+.gp .subtabs button[aria-selected=true] { border-color: var(--accent); color: var(--accent); }
+.gp pre { background: var(--code); padding: 8px 10px; border-radius: 4px; overflow-x: auto; margin: 4px 0 0;
+  font-family: "Roboto Mono", Menlo, Consolas, monospace; font-size: 12px; white-space: pre; }
+.gp dl.kv { display: grid; grid-template-columns: max-content 1fr; gap: 4px 16px; margin: 0; font-size: 13px; }
+.gp dl.kv dt { color: var(--muted); } .gp dl.kv dd { margin: 0; word-break: break-word; }
+.gp .toolbar { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; margin-bottom: 10px; }
+.gp .toolbar input[type=search] { min-width: 260px; }
+.gp .pager { display: flex; gap: 8px; align-items: center; margin-top: 8px; }
+.gp .runlist { display: flex; flex-wrap: wrap; gap: 6px 16px; margin-bottom: 12px; }
+.gp .runlist label { display: flex; gap: 4px; align-items: center; }
+.gp .legend-dot { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: middle; }
+.gp .topo td, .gp .topo th { text-align: center; }
+.gp a { color: var(--link); }
+`;

@@ -1,0 +1,123 @@
+// JSON shapes of docs/report-schema.md and docs/plugin-routes.md. Every field the backend may
+// leave null is typed as such: the UI shows "—" rather than guessing.
+
+export type Num = number | null | undefined;
+
+export interface Kernel {
+  name: string;
+  demangled?: string | null;
+  count: number;
+  total_us: number;
+  mean_us?: Num;
+  min_us?: Num;
+  max_us?: Num;
+  pct: Num;
+  uses_tensor_cores: boolean | null;
+  precision: string | null;
+  category: string | null;
+  tc_eligible?: boolean | null;
+  ops?: string[] | null;
+  grid?: number[] | null;
+  block?: number[] | null;
+  registers?: Num;
+  shared_mem?: Num;
+  occupancy_pct?: Num;
+  flops?: Num;
+  bytes?: Num;
+  tflops?: Num;
+  source?: string | null;
+}
+
+export interface IterationItem {
+  step: number | null;
+  start_us?: Num;
+  wall_ms: Num;
+  gpu_busy_ms?: Num;
+  breakdown_ms?: Record<string, Num> | null;
+}
+
+export interface Recommendation {
+  id: string;
+  severity: string;
+  title: string;
+  problem: string;
+  evidence?: Record<string, unknown> | null;
+  fix?: Record<string, string> | null;
+  estimated_saving_ms?: Num;
+  estimated_saving_pct?: Num;
+}
+
+export interface Report {
+  schema_version: number;
+  generator?: string;
+  source?: { path?: string; format?: string; events?: number } | null;
+  system?: Record<string, unknown> | null;
+  iterations?: {
+    method?: string;
+    key?: string | null;
+    count?: Num;
+    range?: [number, number] | null;
+    mean_ms?: Num;
+    median_ms?: Num;
+    min_ms?: Num;
+    max_ms?: Num;
+    p95_ms?: Num;
+    gpu_busy_mean_ms?: Num;
+    items?: IterationItem[];
+  } | null;
+  gpu_time_us?: Num;
+  kernels?: Kernel[];
+  kernels_total?: Num;
+  tensor_cores?: Record<string, Num> | null;
+  precision_us?: Record<string, Num> | null;
+  category_us?: Record<string, Num> | null;
+  breakdown?: (Record<string, unknown> & { idle_attribution_us?: Record<string, Num> }) | null;
+  phases?: Record<string, unknown> | null;
+  telemetry?: Record<string, unknown> | null;
+  recommendations?: Recommendation[];
+  warnings?: string[];
+}
+
+export interface RunInfo {
+  run: string;
+  reports: { step: number; wall_time: number }[];
+  scalar_tags: string[];
+  has_trace: boolean;
+  has_telemetry: boolean;
+  error: string | null;
+}
+
+export type Point = [number, number, number]; // step, wall_time, value
+
+export interface KernelsPage {
+  total: number;
+  offset: number;
+  limit: number;
+  kernels: Kernel[];
+}
+
+export interface CompareRun {
+  run: string;
+  step: number | null;
+  iterations: { mean_ms: Num; median_ms: Num; count: Num } | null;
+  gpu_time_us: Num;
+  tensor_cores: Record<string, Num> | null;
+  top_kernels: Kernel[];
+  error?: string | null;
+}
+
+export interface CompareKernel {
+  name: string;
+  per_run: Record<string, { total_us: number; pct: Num; count: number } | null>;
+  status: "appeared" | "vanished" | "changed" | "same" | string;
+}
+
+export interface CompareAnswer {
+  runs: CompareRun[];
+  kernels: CompareKernel[];
+}
+
+export interface TelemetryAnswer {
+  series: Record<string, Point[]>;
+  topology: unknown;
+}

@@ -1,0 +1,238 @@
+// The overview: summary cards, iteration-time chart, top kernels, Tensor Core pie, GPU time
+// breakdown, recommendations and the recorded system configuration.
+import { useMemo, useState } from "preact/hooks";
+import { api } from "../api";
+import { COLORS, Chart } from "../charts";
+import { Card, Empty, ErrorBox, KeyValues, Loading, Panel, useAsync } from "../components";
+import { DASH, fmtMs, fmtNum, fmtPct, fmtUs, fmtValue, humanize } from "../format";
+import { KernelTable, TOP_COLUMNS } from "../kernelTable";
+import type { Num, Recommendation, Report, RunInfo } from "../types";
+
+export const ITER_TAG = "gpuprof/iteration_time_ms";
+
+interface Props {
+  run: RunInfo;
+  step: number | null;
+  report: Report;
+  dark: boolean;
+}
+
+const num = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
+
+/** GPU utilization: NVML's average when a hook sampled it, else GPU-busy time over wall time. */
+export function gpuUtilization(report: Report): { value: number | null; how: string } {
+  const t = report.telemetry ?? {};
+  for (const key of ["gpu_util_pct", "utilization_pct", "gpu_utilization_pct", "util_pct"]) {
+    const v = num((t as Record<string, unknown>)[key]);
+    if (v !== null) return { value: v, how: "NVML average" };
+  }
+  const b = report.breakdown ?? {};
+  const busy = num(b.gpu_busy_us);
+  const wall = num(b.wall_us);
+  if (busy !== null && wall) return { value: (100 * busy) / wall, how: "GPU busy / wall time" };
+  return { value: null, how: "not recorded" };
+}
+
+function SummaryCards({ report }: { report: Report }) {
+  const it = report.iterations ?? {};
+  const util = gpuUtilization(report);
+  const tc = report.tensor_cores ?? {};
+  const range = it.range ? `steps ${it.range[0]}–${it.range[1]}` : it.method ? `by ${it.method}` : "";
+  return (
+    <div class="cards" data-testid="summary-cards">
+      <Card testId="card-iter" label="Avg iteration time" value={fmtMs(it.mean_ms)} sub={`median ${fmtMs(it.median_ms)} · p95 ${fmtMs(it.p95_ms)}`} />
+      <Card testId="card-count" label="Iterations profiled" value={fmtNum(it.count)} sub={range} />
+      <Card testId="card-util" label="GPU utilization" value={fmtPct(util.value)} sub={util.how} />
+      <Card testId="card-tc" label="Tensor Core kernel efficiency" value={fmtPct(tc.tc_kernel_efficiency_pct)} sub={`${fmtPct(tc.tc_pct)} of GPU time on Tensor Cores`} />
+      <Card testId="card-gputime" label="GPU time" value={fmtUs(report.gpu_time_us)} sub={`${fmtNum(report.kernels_total ?? report.kernels?.length)} distinct kernels`} />
+    </div>
+  );
+}
+
+function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; dark: boolean }) {
+  const hasScalars = run.scalar_tags.includes(ITER_TAG);
+  const scalars = useAsync(() => (hasScalars ? api.scalars(run.run, ITER_TAG) : null), [run.run, hasScalars]);
+  const items = report.iterations?.items ?? [];
+  const range = report.iterations?.range;
+  const option = useMemo(() => {
+    const fromScalars = scalars.data?.points?.length ? scalars.data.points.map((p) => [p[0], p[2]]) : null;
+    const data = fromScalars ?? items.filter((i) => i.step !== null).map((i) => [i.step, i.wall_ms]);
+    const markArea = range
+      ? { silent: true, itemStyle: { color: "rgba(245,124,0,0.15)" }, label: { show: true, position: "insideTop", color: COLORS.tc, formatter: () => "profiled" }, data: [[{ xAxis: range[0] }, { xAxis: range[1] }]] }
+      : undefined;
+    return {
+      grid: { left: 56, right: 16, top: 24, bottom: 40 },
+      tooltip: { trigger: "axis", valueFormatter: (v: number) => fmtMs(v) },
+      xAxis: { type: "value", name: "step", nameLocation: "middle", nameGap: 26, min: "dataMin", max: "dataMax" },
+      yAxis: { type: "value", name: "ms", scale: true },
+      dataZoom: [{ type: "inside" }],
+      series: [{ type: "line", name: "iteration time", data, showSymbol: data.length < 60, color: COLORS.nonTc, markArea }],
+    };
+  }, [scalars.data, items, range]);
+  if (hasScalars && scalars.error) return <ErrorBox what="iteration-time scalars" error={scalars.error} />;
+  if (hasScalars && scalars.loading && !scalars.data) return <Loading />;
+  if (!hasScalars && !items.some((i) => i.step !== null)) return <Empty>no iteration-time scalars recorded for this run</Empty>;
+  return (
+    <>
+      {!hasScalars ? <div class="muted">no {ITER_TAG} scalars recorded; showing the profiled iterations</div> : null}
+      <Chart option={option} dark={dark} label="iteration time per step" testId="iter-chart" />
+    </>
+  );
+}
+
+const pieRows = (tc: Record<string, Num>) => [
+  { name: "Using Tensor Cores", value: tc.tc_us ?? 0, pct: tc.tc_pct, color: COLORS.tc },
+  { name: "Eligible, not using TC", value: tc.eligible_not_tc_us ?? 0, pct: tc.eligible_not_tc_pct, color: COLORS.eligibleNotTc },
+  { name: "Other compute", value: tc.other_us ?? 0, pct: tc.other_pct, color: COLORS.other },
+  { name: "Memory", value: tc.memory_us ?? 0, pct: tc.memory_pct, color: COLORS.memory },
+];
+
+function TensorCorePie({ report, dark }: { report: Report; dark: boolean }) {
+  const tc = report.tensor_cores;
+  const option = useMemo(() => {
+    const rows = pieRows(tc ?? {});
+    return {
+      tooltip: { trigger: "item", formatter: (p: { name: string; value: number; percent: number }) => `${p.name}: ${fmtUs(p.value)} (${fmtPct(p.percent)})` },
+      legend: { bottom: 0, type: "scroll" },
+      series: [{ type: "pie", radius: ["40%", "68%"], center: ["50%", "44%"], label: { formatter: (p: { percent: number }) => fmtPct(p.percent) },
+        data: rows.map((r) => ({ name: r.name, value: r.value, itemStyle: { color: r.color } })) }],
+    };
+  }, [tc]);
+  if (!tc) return <Empty>no Tensor Core data</Empty>;
+  return (
+    <>
+      <Chart option={option} dark={dark} label="GPU time by Tensor Core use" testId="tc-pie" />
+      <table data-testid="tc-table">
+        <tbody>
+          {pieRows(tc).map((r) => (
+            <tr key={r.name}>
+              <td><span class="legend-dot" style={{ background: r.color }} />{r.name}</td>
+              <td class="num">{fmtUs(r.value)}</td>
+              <td class="num">{fmtPct(r.pct)}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </>
+  );
+}
+
+export const BREAKDOWN_PARTS: [string, string, string][] = [
+  ["tc_compute", "Tensor Core compute", COLORS.tc],
+  ["non_tc_compute", "Other compute", COLORS.nonTc],
+  ["memory", "Memory", COLORS.memory],
+  ["communication", "Communication", COLORS.communication],
+  ["layout", "Layout", COLORS.layout],
+  ["idle", "Idle", COLORS.idle],
+];
+
+function Breakdown({ report, dark }: { report: Report; dark: boolean }) {
+  const b = report.breakdown;
+  const option = useMemo(() => {
+    const parts = BREAKDOWN_PARTS.map(([k, label, color]) => ({ label, color, us: num(b?.[`${k}_us`]) ?? 0 }));
+    return {
+      grid: { left: 130, right: 60, top: 8, bottom: 24 },
+      tooltip: { trigger: "item", formatter: (p: { name: string; value: number }) => `${p.name}: ${fmtUs(p.value)}` },
+      xAxis: { type: "value", axisLabel: { formatter: (v: number) => fmtUs(v) } },
+      yAxis: { type: "category", inverse: true, data: parts.map((p) => p.label) },
+      series: [{ type: "bar", data: parts.map((p) => ({ value: p.us, itemStyle: { color: p.color } })),
+        label: { show: true, position: "right", formatter: (p: { value: number }) => fmtUs(p.value) } }],
+    };
+  }, [b]);
+  if (!b) return <Empty>no breakdown</Empty>;
+  const idle = b.idle_attribution_us ?? {};
+  const wall = num(b.wall_us);
+  return (
+    <>
+      <div class="muted">wall {fmtUs(wall)} · GPU busy {fmtUs(num(b.gpu_busy_us))}</div>
+      <Chart option={option} dark={dark} height={220} label="GPU time breakdown" testId="breakdown-chart" />
+      {Object.keys(idle).length ? (
+        <KeyValues testId="idle-attribution" rows={Object.entries(idle).map(([k, v]) => [`idle: ${humanize(k)}`, fmtUs(v)])} />
+      ) : null}
+    </>
+  );
+}
+
+const FRAMEWORKS: [string, string][] = [["pytorch", "PyTorch"], ["keras", "Keras"], ["jax", "JAX"]];
+
+function RecommendationCard({ rec, preferred }: { rec: Recommendation; preferred: string }) {
+  const fixes = FRAMEWORKS.filter(([k]) => rec.fix?.[k]);
+  const extra = Object.keys(rec.fix ?? {}).filter((k) => !FRAMEWORKS.some(([f]) => f === k)).map((k): [string, string] => [k, k]);
+  const all = [...fixes, ...extra];
+  const [tab, setTab] = useState(all.some(([k]) => k === preferred) ? preferred : all[0]?.[0] ?? "");
+  const severity = ["high", "medium", "low"].includes(rec.severity) ? rec.severity : "medium";
+  const evidence = Object.entries(rec.evidence ?? {});
+  return (
+    <div class={`rec ${severity}`} data-testid="recommendation" data-rec-id={rec.id}>
+      <div class="head">
+        <span class={`badge ${severity}`}>{rec.severity}</span>
+        <h3>{rec.title}</h3>
+        <span class="saving">
+          {rec.estimated_saving_ms != null ? `saves ~${fmtMs(rec.estimated_saving_ms)}` : ""}
+          {rec.estimated_saving_pct != null ? ` (${fmtPct(rec.estimated_saving_pct, 0)})` : ""}
+        </span>
+      </div>
+      <p>{rec.problem}</p>
+      {evidence.length ? <KeyValues rows={evidence.map(([k, v]) => [humanize(k), fmtValue(v)])} /> : null}
+      {all.length ? (
+        <>
+          <div class="subtabs" role="tablist">
+            {all.map(([k, label]) => (
+              <button key={k} role="tab" aria-selected={tab === k} onClick={() => setTab(k)}>{label}</button>
+            ))}
+          </div>
+          <pre data-testid="fix">{rec.fix?.[tab] ?? ""}</pre>
+        </>
+      ) : null}
+    </div>
+  );
+}
+
+const SYSTEM_LABELS: Record<string, string> = {
+  gpu_name: "GPU", compute_capability: "Compute capability", num_sms: "SMs", gpu_memory_bytes: "GPU memory",
+  cuda_runtime: "CUDA runtime", cuda_driver: "CUDA driver", driver_version: "Driver", cudnn: "cuDNN", cudnn_version: "cuDNN",
+  framework: "Framework", framework_version: "Framework version",
+};
+
+export function systemRows(system: Record<string, unknown>): [string, string][] {
+  const rows: [string, string][] = [];
+  for (const [k, v] of Object.entries(system)) {
+    if (k === "flags" || k === "distributed") continue;
+    const text = k === "gpu_memory_bytes" && typeof v === "number" ? `${fmtNum(v / 2 ** 30, 1)} GiB` : fmtValue(v);
+    rows.push([SYSTEM_LABELS[k] ?? humanize(k), text]);
+  }
+  const dist = system.distributed as Record<string, unknown> | null | undefined;
+  if (dist && typeof dist === "object") rows.push(["Distributed", Object.entries(dist).map(([k, v]) => `${k}=${fmtValue(v)}`).join(", ")]);
+  const flags = system.flags as Record<string, unknown> | null | undefined;
+  if (flags && typeof flags === "object") for (const [k, v] of Object.entries(flags)) rows.push([`flag: ${k}`, fmtValue(v)]);
+  return rows;
+}
+
+export function DashboardView({ run, step, report, dark }: Props) {
+  const top = (report.kernels ?? []).slice(0, 10);
+  const recs = report.recommendations ?? [];
+  const framework = String(report.system?.framework ?? "pytorch").toLowerCase();
+  return (
+    <div data-testid="view-dashboard">
+      {(report.warnings ?? []).map((w) => <div class="warn" key={w}>⚠ {w}</div>)}
+      <SummaryCards report={report} />
+      <Panel title="Iteration time" testId="panel-iterations">
+        <IterationChart run={run} report={report} dark={dark} />
+      </Panel>
+      <Panel title="Top 10 kernels" testId="panel-top-kernels" extra={<span class="muted">by GPU time{step !== null ? `, step ${step}` : ""}</span>}>
+        {top.length ? <KernelTable kernels={top} columns={TOP_COLUMNS} testId="top-kernels" /> : <Empty>no kernels in this window</Empty>}
+      </Panel>
+      <div class="grid2">
+        <Panel title="Tensor Core usage" testId="panel-tc"><TensorCorePie report={report} dark={dark} /></Panel>
+        <Panel title="GPU time breakdown" testId="panel-breakdown"><Breakdown report={report} dark={dark} /></Panel>
+      </div>
+      <Panel title="Recommendations" testId="panel-recommendations">
+        {recs.length ? recs.map((r) => <RecommendationCard key={r.id} rec={r} preferred={framework} />) : <Empty>no recommendations: nothing obvious to change</Empty>}
+      </Panel>
+      <Panel title="System" testId="panel-system">
+        {report.system ? <KeyValues testId="system" rows={systemRows(report.system)} /> : <Empty>{DASH}</Empty>}
+        {report.source ? <div class="muted" style={{ marginTop: "8px" }}>source: {report.source.path ?? DASH} ({report.source.format ?? "?"}, {fmtNum(report.source.events)} events) · {report.generator ?? ""}</div> : null}
+      </Panel>
+    </div>
+  );
+}
