@@ -4,7 +4,6 @@ and through FaultBackend: none may raise into the caller."""
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 import time
@@ -47,10 +46,9 @@ def test_no_driver_sampler_reports_reason_and_dmon_exits_2_with_one_line(tmp_pat
     assert sampler.unavailable_reason and sampler.unavailable_reason.startswith("NVML unavailable")
     assert sampler.drain() == [] and sampler.scalars([]) == {}
     sampler.stop()  # harmless when never started
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
     p = subprocess.run([sys.executable, "-m", "tb_gpuprof", "dmon", "--count", "1",
                         "--logdir", str(tmp_path / "run")], capture_output=True, text=True,
-                       timeout=60, env=env)
+                       timeout=60)
     assert p.returncode == 2
     assert p.stdout == ""
     lines = p.stderr.strip().splitlines()
