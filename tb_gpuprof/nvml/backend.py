@@ -133,13 +133,16 @@ class NvmlBackend:
         nv = self._nv
         out: dict[str, Any] = {}
         for key, fn in (("driver_version", "nvmlSystemGetDriverVersion"),
-                        ("nvml_version", "nvmlSystemGetNVMLVersion"),
-                        ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion")):
+                        ("nvml_version", "nvmlSystemGetNVMLVersion")):
             try:
-                out[key] = _text(getattr(nv, fn)()) if key != "cuda_driver_version" else \
-                    getattr(nv, fn)()
+                out[key] = _text(getattr(nv, fn)())
             except (nv.NVMLError, AttributeError):
                 out[key] = None
+        try:  # e.g. 13000 -> "13.0"
+            v = int(nv.nvmlSystemGetCudaDriverVersion())
+            out["cuda_driver"] = f"{v // 1000}.{v % 1000 // 10}"
+        except (nv.NVMLError, AttributeError):
+            out["cuda_driver"] = None
         return out
 
     def _enumerate(self) -> None:
