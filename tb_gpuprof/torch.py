@@ -65,7 +65,7 @@ class GpuProfiler:
             ``start()``). ``None``: no window, always-on measurements only.
         iter_stop: iteration the window stops before (exclusive); default ``iter_start + 1``.
         nvml: sample GPU telemetry through NVML (``None``: on when a CUDA GPU is present).
-        nvml_interval_s: NVML sampling period.
+        nvml_interval_s: NVML sampling period (``None``: the sampler's default, 0.5 s).
         with_stack: record Python stacks in the window (kernel -> source line; costs more).
         record_shapes: record operator input shapes in the window.
         with_flops: estimate FLOPs of matmul/conv operators in the window.
@@ -87,7 +87,7 @@ class GpuProfiler:
 
     def __init__(self, logdir: str | os.PathLike[str], iter_start: int | None = None,
                  iter_stop: int | None = None, *, nvml: bool | None = None,
-                 nvml_interval_s: float = 1.0, with_stack: bool = False,
+                 nvml_interval_s: float | None = None, with_stack: bool = False,
                  record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
                  model: Any = None, model_hooks: bool = True, nvtx: bool = True,
                  cuda_profiler_api: bool = True, memory: bool = True, scalars: bool = True,
@@ -116,6 +116,8 @@ class GpuProfiler:
         self._torch: Any = None
         self._writer: Any = None
         self._sampler: Any = None
+        self._nvml_lock = threading.Lock()
+        self._nvml_recent: collections.deque[Any] = collections.deque(maxlen=20_000)
         self._started = False
         self.cuda = False
         self._dead = True  # until start() succeeds, and after an internal bug
@@ -212,8 +214,11 @@ class GpuProfiler:
     def _start_nvml(self) -> None:
         from .nvml.sampler import NvmlSampler
 
-        self._sampler = NvmlSampler(interval_s=self.nvml_interval_s)
-        self._sampler.start()
+        kwargs = {} if self.nvml_interval_s is None else {"interval_s": self.nvml_interval_s}
+        sampler = NvmlSampler(**kwargs)
+        if not sampler.start():
+            raise RuntimeError(sampler.unavailable_reason or "NVML unavailable")
+        self._sampler = sampler
 
     def _install_model_hooks(self) -> None:
         def pre_hook(module: Any, args: Any) -> None:
@@ -421,7 +426,8 @@ class GpuProfiler:
                 if self._on.get("scalars"):
                     writer.add_scalars(values, step, wall_time)
             if self._sampler is not None and self._on.get("nvml"):
-                nv = self._sampler.scalars()
+                samples = self._drain_nvml()
+                nv = self._sampler.scalars(samples) if samples else None
                 if nv:
                     writer.add_scalars(_nvml_tags(nv), max(self.iteration - 1, 0))
         except Exception as e:
@@ -484,12 +490,9 @@ class GpuProfiler:
         env = _torch_env.record_env(torch, model=self.model, convs=convs,
                                     autocast=self._autocast, device=self._device)
         self.env = env
-        telemetry = None
-        if self._sampler is not None and self._on.get("nvml"):
-            telemetry = self._guard("nvml", self._sampler.window_summary, self._window_t0,
-                                    time.time())
         self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
-                                          args=(prof, stop - 1, env, telemetry))
+                                          args=(prof, stop - 1, env,
+                                                (self._window_t0, time.time())))
         self._analysis.start()
 
     def _abort_window(self, exc: BaseException) -> None:
@@ -500,9 +503,33 @@ class GpuProfiler:
             pass
         self._fail("window", exc)
 
-    def _analyze(self, prof: Any, step: int, env: dict[str, Any], telemetry: Any) -> None:
+    def _drain_nvml(self) -> list[Any]:
+        """New NVML samples; they are also kept a while for the window's telemetry."""
+        with self._nvml_lock:
+            samples = self._sampler.drain()
+            self._nvml_recent.extend(samples)
+        return samples
+
+    def _window_telemetry(self, t0: float, t1: float) -> dict[str, Any] | None:
+        """NVML summary of the window. A window shorter than the sampling period gets the
+        samples nearest to it (one period either side), waiting for the one after it."""
+        if self._sampler is None or not self._on.get("nvml"):
+            return None
+        period = float(getattr(self._sampler, "interval_s", 0.5))
+        time.sleep(min(period, 2.0))  # analysis thread: let the sample after t1 arrive
+        self._drain_nvml()
+        with self._nvml_lock:
+            recent = list(self._nvml_recent)
+        inside = [s for s in recent if t0 <= s.time <= t1]
+        if not inside:
+            inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
+        return self._sampler.window_summary(inside)
+
+    def _analyze(self, prof: Any, step: int, env: dict[str, Any],
+                 window: tuple[float, float]) -> None:
         tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         try:
+            telemetry = self._guard("nvml", self._window_telemetry, *window, when="nvml")
             raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
             prof.export_chrome_trace(raw)
             from .analysis.report import build_report
@@ -515,16 +542,17 @@ class GpuProfiler:
                               "profiler, JAX); the report covers CPU operators only",
                               GpuProfWarning, stacklevel=1)
             report = build_report(profile, key=self.key, env=env, telemetry=telemetry)
-            self.report = report
-            if self._writer is None:
-                return
-            self._writer.add_report(report, step=step)
-            packed = raw + ".gz"
-            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            from .store.writer import save_raw_trace
+            if self._writer is not None:
+                packed = raw + ".gz"
+                with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                from .store.writer import save_raw_trace
 
-            self.trace_path = save_raw_trace(self.logdir, packed, step)
+                self.trace_path = save_raw_trace(self.logdir, packed, step)
+                # the temporary file is gone after this; name the copy the run keeps
+                report["source"]["path"] = os.path.relpath(self.trace_path, self.logdir)
+                self._writer.add_report(report, step=step)
+            self.report = report
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:

@@ -1,0 +1,308 @@
+"""The PyTorch hook on a real (CPU) training loop: scalars, the window report, robustness."""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from contextlib import redirect_stdout
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tb_gpuprof import cli  # noqa: E402
+from tb_gpuprof.store.reader import event_files, iter_events  # noqa: E402
+from tb_gpuprof.torch import GpuProfiler, GpuProfWarning  # noqa: E402
+
+HOOK_TAGS = ("gpuprof/iteration_time_ms", "gpuprof/gpu_time_ms", "gpuprof/data_wait_ms",
+             "gpuprof/memory_allocated_peak_mb", "gpuprof/memory_reserved_peak_mb")
+
+
+def tiny_cnn() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64, 10))
+
+
+def batches(n: int = 12) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 10, (8,), generator=g))
+            for _ in range(n)]
+
+
+def train(prof: GpuProfiler, model: torch.nn.Module, data: list, *, autocast: bool = False,
+          wrap: bool = True) -> list[float]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for x, y in (prof.wrap(data) if wrap else data):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        loss = torch.nn.functional.cross_entropy(out.float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        prof.step()
+    return losses
+
+
+def read_scalars(run_dir: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for path in event_files(run_dir):
+        for event in iter_events(path):
+            for v in event.summary.value:
+                if v.WhichOneof("value") == "simple_value":
+                    out.setdefault(v.tag, {})[event.step] = v.simple_value
+    return out
+
+
+def cli_report(path: str) -> dict:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli.main(["report", path, "--format", "json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_training_loop_writes_scalars_and_a_window_report(tmp_path):
+    run = str(tmp_path / "cnn")
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GpuProfWarning)  # the happy path warns about nothing
+        with GpuProfiler(run, iter_start=3, iter_stop=8) as prof:
+            losses = train(prof, tiny_cnn(), batches(12))
+    assert len(losses) == 12 and prof.iteration == 12
+
+    scalars = read_scalars(run)
+    assert sorted(scalars["gpuprof/iteration_time_ms"]) == list(range(12))
+    assert all(v > 0 for v in scalars["gpuprof/iteration_time_ms"].values())
+    # prof.wrap() times the loader: a list hands batches over at once
+    waits = scalars["gpuprof/data_wait_ms"]
+    assert sorted(waits) == list(range(12))
+    assert all(0 <= waits[i] < scalars["gpuprof/iteration_time_ms"][i] for i in waits)
+    # CPU only: no CUDA-derived scalars are invented
+    for tag in HOOK_TAGS[1:]:
+        if tag != "gpuprof/data_wait_ms":
+            assert tag not in scalars
+
+    report = cli_report(run)
+    assert report["iterations"]["count"] == 5
+    assert report["iterations"]["range"] == [3, 7]
+    assert report["system"]["framework"] == "pytorch"
+    assert report["system"]["flags"]["autocast"] is None
+    assert prof.trace_path is not None and prof.trace_path.startswith(run)
+
+
+def test_window_records_autocast_and_channels_last_without_model_argument(tmp_path):
+    model = tiny_cnn().to(memory_format=torch.channels_last)
+    with GpuProfiler(str(tmp_path / "amp"), iter_start=1, iter_stop=3) as prof:
+        train(prof, model, batches(4), autocast=True)
+    flags = prof.env["flags"]
+    assert flags["autocast"] == "bfloat16"
+    assert flags["channels_last"] is True
+    assert flags["compiled"] is False
+    assert prof.report["system"]["flags"]["autocast"] == "bfloat16"
+
+
+def test_model_argument_gives_layout_and_data_wait_without_wrap(tmp_path):
+    model = tiny_cnn()  # NCHW
+    run = str(tmp_path / "m")
+    with GpuProfiler(run, iter_start=0, iter_stop=2, model=model) as prof:
+        train(prof, model, batches(3), wrap=False)
+    assert prof.env["flags"]["channels_last"] is False
+    assert prof.report["iterations"]["count"] == 2
+    assert sorted(read_scalars(run)["gpuprof/data_wait_ms"]) == [0, 1, 2]
+
+
+def test_internal_failure_is_one_warning_and_training_goes_on(tmp_path, monkeypatch):
+    from tb_gpuprof.store import writer as writer_mod
+
+    def broken(*a, **k):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(writer_mod.EventWriter, "add_scalars", broken)
+    run = str(tmp_path / "broken")
+    with pytest.warns(GpuProfWarning) as caught:
+        with GpuProfiler(run, iter_start=2, iter_stop=4, flush_secs=0.01) as prof:
+            losses = train(prof, tiny_cnn(), batches(12))
+    assert len(losses) == 12
+    mine = [w for w in caught if issubclass(w.category, GpuProfWarning)]
+    assert len(mine) == 1 and "scalars" in str(mine[0].message)
+    assert "disk on fire" in str(mine[0].message)
+    # the window is an independent feature: its report still lands
+    assert cli_report(run)["iterations"]["count"] == 2
+
+
+def test_bug_inside_step_disables_the_hook_not_the_loop(tmp_path, monkeypatch):
+    from tb_gpuprof import torch as hook
+
+    class Exploding:
+        def __init__(self, *a, **k):
+            raise ZeroDivisionError("bug")
+
+    monkeypatch.setattr(hook, "_Iter", Exploding)
+    with pytest.warns(GpuProfWarning, match="bug") as caught:
+        with GpuProfiler(str(tmp_path / "bug"), iter_start=None) as prof:
+            losses = train(prof, tiny_cnn(), batches(6))
+    assert len(losses) == 6
+    assert len([w for w in caught if issubclass(w.category, GpuProfWarning)]) == 1
+
+
+def test_outer_profiler_already_running(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    run = str(tmp_path / "outer")
+    model = tiny_cnn()
+    with profile(activities=[ProfilerActivity.CPU]) as outer:
+        with pytest.warns(GpuProfWarning, match="another profiler") as caught:
+            with GpuProfiler(run, iter_start=2, iter_stop=5) as prof:
+                losses = train(prof, model, batches(8))
+    assert len(losses) == 8
+    assert len([w for w in caught if issubclass(w.category, GpuProfWarning)]) == 1
+    assert prof.report is None
+    # the user's profiler was left alone and recorded the whole loop
+    assert any(e.key == "aten::conv2d" and e.count == 16 for e in outer.key_averages())
+    assert sorted(read_scalars(run)["gpuprof/iteration_time_ms"]) == list(range(8))
+
+
+def test_loop_ending_inside_the_window_reports_what_ran(tmp_path):
+    run = str(tmp_path / "short")
+    with pytest.warns(GpuProfWarning, match="inside the window"):
+        with GpuProfiler(run, iter_start=2, iter_stop=50) as prof:
+            train(prof, tiny_cnn(), batches(6))
+    assert cli_report(run)["iterations"]["range"][0] == 2
+    assert prof.report["iterations"]["count"] >= 3
+
+
+class FakeEvent:
+    """A CUDA event on a simulated GPU that finishes each event `lag` records later."""
+
+    clock = 0.0
+    recorded: list[FakeEvent] = []  # noqa: RUF012
+    lag = 3
+    syncs = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t: float | None = None
+
+    def record(self, stream=None) -> None:
+        FakeEvent.clock += 1.5
+        self.t = FakeEvent.clock
+        FakeEvent.recorded.append(self)
+
+    def query(self) -> bool:
+        return self in FakeEvent.recorded[:-FakeEvent.lag]
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.query() and end.query(), "elapsed_time on an unfinished event would block"
+        return end.t - self.t
+
+    def synchronize(self) -> None:
+        FakeEvent.syncs += 1
+        FakeEvent.recorded.extend([None] * FakeEvent.lag)  # the GPU catches up
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch.cuda as the hook sees it on a GPU, with every device call recorded."""
+    calls: list[str] = []
+    FakeEvent.recorded, FakeEvent.clock, FakeEvent.syncs = [], 0.0, 0
+    peak = {"n": 0}
+
+    def stats(device=None):
+        peak["n"] += 1
+        mib = 2**20
+        return {"allocated_bytes": {"all": {"peak": peak["n"] * mib}},
+                "reserved_bytes": {"all": {"peak": 2 * peak["n"] * mib}}}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", stats)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda m: calls.append(f"push {m}"))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
+    return calls
+
+
+def test_always_on_cuda_path_never_synchronizes_in_the_loop(tmp_path, fake_cuda):
+    run = str(tmp_path / "gpu")
+    prof = GpuProfiler(run, nvml=False)
+    prof.start()
+    data = batches(10)
+    for i, _ in enumerate(prof.wrap(data)):
+        prof.step()
+        assert "synchronize" not in fake_cuda and FakeEvent.syncs == 0
+        # events are read lazily: iterations whose end event is still in flight wait
+        assert len(prof._pending) <= FakeEvent.lag + 1, i
+    prof.close()  # after the loop, the last events may be waited for
+
+    scalars = read_scalars(run)
+    for tag in HOOK_TAGS:
+        assert sorted(scalars[tag]) == list(range(10)), tag
+    # batch-ready event -> end event: 1.5 fake ms apart
+    assert all(v == pytest.approx(1.5) for v in scalars["gpuprof/gpu_time_ms"].values())
+    assert [scalars["gpuprof/memory_allocated_peak_mb"][i] for i in range(10)] == list(
+        range(1, 11))
+    assert fake_cuda.count("reset") == 10
+    pushes = [c for c in fake_cuda if c.startswith("push iteration")]
+    assert pushes[:3] == ["push iteration 0", "push iteration 1", "push iteration 2"]
+    assert sum(c.startswith("push") for c in fake_cuda) == fake_cuda.count("pop")
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="iter_stop"):
+        GpuProfiler("x", iter_start=5, iter_stop=5)
+    with pytest.raises(ValueError, match="iter_start"):
+        GpuProfiler("x", iter_start=-1)
+    assert GpuProfiler("x", iter_start=17).iter_stop == 18
+
+
+class _LegacyRaises:
+    """A backend whose legacy allow_tf32 read raises, as torch does after the new API was used."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+    @property
+    def allow_tf32(self):
+        raise RuntimeError("mix of the legacy and new APIs")
+
+
+def test_tf32_flags_prefer_the_new_precision_api_and_survive_raising_legacy_reads():
+    from types import SimpleNamespace
+
+    from tb_gpuprof._torch_env import tf32_flags
+
+    def fake_torch(matmul, conv, top="none"):
+        def precision():
+            raise RuntimeError("mix of the legacy and new APIs")
+        return SimpleNamespace(
+            backends=SimpleNamespace(
+                fp32_precision=top,
+                cuda=SimpleNamespace(matmul=_LegacyRaises(fp32_precision=matmul)),
+                cudnn=_LegacyRaises(fp32_precision="none",
+                                    conv=SimpleNamespace(fp32_precision=conv))),
+            get_float32_matmul_precision=precision)
+
+    assert tf32_flags(fake_torch("tf32", "ieee")) == {
+        "allow_tf32_matmul": True, "allow_tf32_cudnn": False, "float32_matmul_precision": "high"}
+    # "none" defers to the global setting
+    flags = tf32_flags(fake_torch("none", "none", top="ieee"))
+    assert flags["allow_tf32_matmul"] is False and flags["allow_tf32_cudnn"] is False
+    # nothing set anywhere and legacy reads raising: unknown, not guessed
+    flags = tf32_flags(fake_torch("none", "none"))
+    assert flags == {"allow_tf32_matmul": None, "allow_tf32_cudnn": None,
+                     "float32_matmul_precision": None}
+
+
+def test_tf32_flags_read_the_real_legacy_switches():
+    from tb_gpuprof._torch_env import cudnn_version_string, tf32_flags
+
+    flags = tf32_flags(torch)
+    assert flags["allow_tf32_cudnn"] is bool(torch.backends.cudnn.allow_tf32)
+    assert flags["float32_matmul_precision"] == torch.get_float32_matmul_precision()
+    assert cudnn_version_string(91002) == "9.10.2" and cudnn_version_string(8902) == "8.9.2"
