@@ -1,0 +1,110 @@
+"""Render a report as text (DLProf summary + pyprof-style table), JSON, or CSV (kernel table)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+CSV_FIELDS = ["name", "kind", "count", "total_us", "mean_us", "min_us", "max_us", "pct",
+              "uses_tensor_cores", "precision", "category", "tc_eligible", "ops", "grid", "block",
+              "registers", "shared_mem", "occupancy_pct", "flops", "bytes", "tflops", "source"]
+
+
+def render(report: dict[str, Any], fmt: str = "text", top: int = 10) -> str:
+    if fmt == "json":
+        return json.dumps(report, indent=1) + "\n"
+    if fmt == "csv":
+        return _csv(report, top)
+    return _text(report, top)
+
+
+def _csv(report: dict[str, Any], top: int) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_FIELDS)
+    for k in report["kernels"][:top]:
+        row = []
+        for f in CSV_FIELDS:
+            v = k.get(f)
+            if isinstance(v, list):
+                v = ";".join(str(x) for x in v) if f == "ops" else "x".join(str(x) for x in v)
+            row.append("" if v is None else v)
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} ms"
+
+
+def _short(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def _text(report: dict[str, Any], top: int) -> str:
+    it = report["iterations"]
+    tc = report["tensor_cores"]
+    sysinfo = report.get("system") or {}
+    bd = report["breakdown"]
+    lines: list[str] = []
+    add = lines.append
+    add("tb-gpuprof report")
+    add(f"  source:            {report['source']['path']} ({report['source']['format']})")
+    if sysinfo.get("gpu_name"):
+        cc = sysinfo.get("compute_capability")
+        add(f"  GPU:               {sysinfo['gpu_name']}" + (f" (sm_{cc.replace('.', '')})"
+                                                              if cc else ""))
+    rng = it.get("range")
+    add(f"  iterations:        {it['count']} by {it['method']}"
+        + (f" ({it['key']})" if it.get("key") else "")
+        + (f", range {rng[0]}-{rng[1]}" if rng else ""))
+    add(f"  iteration time:    mean {_ms(it['mean_ms'])}, median {_ms(it['median_ms'])}, "
+        f"min {_ms(it['min_ms'])}, max {_ms(it['max_ms'])}, p95 {_ms(it['p95_ms'])}")
+    wall = bd["wall_us"] or 1.0
+    add(f"  GPU busy:          {_ms(it['gpu_busy_mean_ms'])} per iteration "
+        f"({100 * bd['gpu_busy_us'] / wall:.1f}% of wall time)")
+    add(f"  GPU time:          {report['gpu_time_us'] / 1e3:.2f} ms in "
+        f"{report['kernels_total']} distinct kernels/copies")
+    eff = tc.get("tc_kernel_efficiency_pct")
+    add(f"  Tensor Cores:      {tc['tc_pct']:.1f}% of GPU time using TC, "
+        f"{tc['eligible_not_tc_pct']:.1f}% eligible but not using TC, "
+        f"{tc['other_pct']:.1f}% other, {tc['memory_pct']:.1f}% memory")
+    add("  TC kernel efficiency: " + ("-" if eff is None else f"{eff:.1f}%"))
+    if report.get("phases"):
+        ph = report["phases"]
+        add(f"  phases (GPU time): forward {_ms(ph['forward_ms'])}, backward "
+            f"{_ms(ph['backward_ms'])}, optimizer {_ms(ph['optimizer_ms'])} per iteration")
+    idle = bd["idle_attribution_us"]
+    if bd["idle_us"] > 0:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v / 1e3:.2f}" for k, v in idle.items() if v)
+        add(f"  GPU idle:          {bd['idle_us'] / 1e3:.2f} ms ({parts} ms)")
+    add("")
+    add(f"Top {min(top, len(report['kernels']))} kernels by GPU time")
+    header = f"  {'time ms':>10} {'%':>6} {'count':>7} {'TC':>3} {'prec':>5} {'category':<12} name"
+    add(header)
+    for k in report["kernels"][:top]:
+        add(f"  {k['total_us'] / 1e3:>10.3f} {k['pct']:>6.2f} {k['count']:>7} "
+            f"{'yes' if k['uses_tensor_cores'] else 'no':>3} {k['precision']:>5} "
+            f"{k['category']:<12} {_short(k.get('demangled') or k['name'], 90)}")
+    add("")
+    recs = report["recommendations"]
+    add(f"Recommendations ({len(recs)})")
+    if not recs:
+        add("  none: no rule found a problem worth fixing in this window")
+    for i, r in enumerate(recs, 1):
+        saving = r.get("estimated_saving_ms")
+        add(f"  {i}. [{r['id']}] {r['title']} ({r['severity']}"
+            + (f", saves ~{saving:.1f} ms/iteration" if saving else "") + ")")
+        add(f"     {r['problem']}")
+        for fw in ("pytorch", "keras", "jax"):
+            fix = (r.get("fix") or {}).get(fw)
+            if fix:
+                first, *rest = fix.splitlines()
+                add(f"     {fw + ':':<9}{first}")
+                for line in rest:
+                    add(f"              {line}")
+    for w in report.get("warnings") or []:
+        add(f"warning: {w}")
+    return "\n".join(lines) + "\n"

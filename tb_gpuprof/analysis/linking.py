@@ -1,0 +1,115 @@
+"""Link GPU activity to what launched it on the host: the op stack, the phase, the FLOPs.
+
+One sweep per host thread over ops, annotations and runtime calls sorted by start time keeps
+a stack of open ranges; each launch (runtime call with a correlation id) records the stack's
+state. Kernels then find their launch through the correlation id. O(n log n), no quadratic
+containment search, so million-event traces stay fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model import OPTIMIZER, CpuOp, Profile
+
+FORWARD = "forward"
+BACKWARD = "backward"
+OPTIMIZER_PHASE = "optimizer"
+
+_WRAPPER_PREFIXES = ("autograd::", "Optimizer.", "ProfilerStep", "enumerate(DataLoader)",
+                     "cudaLaunch", "cuLaunch")
+
+
+@dataclass(slots=True)
+class LaunchContext:
+    launch_us: float
+    op: str | None  # the op shown to users: outermost framework op (aten::linear, not aten::mm)
+    inner_op: str | None  # the op that launched it (aten::mm)
+    eligible: bool  # some enclosing op is Tensor-Core eligible
+    phase: str | None
+    flop_op: int | None  # index into profile.cpu_ops of the enclosing op that carries FLOPs
+    input_types: list[str] | None
+    source: str | None  # deepest user frame, when stacks were recorded
+
+
+def _user_frame(op: CpuOp) -> str | None:
+    if not op.stack:
+        return None
+    for frame in op.stack:  # innermost first, as Kineto lists them
+        if "site-packages" in frame or "/torch/" in frame or frame.startswith("<built-in"):
+            continue
+        return frame
+    return None
+
+
+def link_launches(profile: Profile, is_eligible) -> dict[int, LaunchContext]:
+    """Map correlation id -> LaunchContext for every host launch that has one."""
+    by_tid: dict[int, list[tuple[float, int, int, int]]] = {}
+    # entries: (start, -end-order, kind, index); kind 0 = op, 1 = annotation, 2 = runtime call
+    for i, op in enumerate(profile.cpu_ops):
+        by_tid.setdefault(op.tid, []).append((op.start_us, -op.dur_us, 0, i))
+    host_ann = [a for a in profile.annotations if not a.on_gpu]
+    for i, a in enumerate(host_ann):
+        # Annotations carry no tid in the model: put them on every thread that launches work.
+        for tid in {r.tid for r in profile.runtime} or {0}:
+            by_tid.setdefault(tid, []).append((a.start_us, -a.dur_us, 1, i))
+    for i, r in enumerate(profile.runtime):
+        if r.correlation is not None:
+            by_tid.setdefault(r.tid, []).append((r.start_us, 0.0, 2, i))
+
+    eligible_cache: dict[str, bool] = {}
+
+    def eligible(name: str) -> bool:
+        v = eligible_cache.get(name)
+        if v is None:
+            v = eligible_cache[name] = bool(is_eligible(name))
+        return v
+
+    out: dict[int, LaunchContext] = {}
+    for events in by_tid.values():
+        events.sort()
+        stack: list[tuple[float, int, int]] = []  # (end, kind, index)
+        for start, _neg, kind, idx in events:
+            while stack and stack[-1][0] <= start:
+                stack.pop()
+            if kind == 0:
+                op = profile.cpu_ops[idx]
+                stack.append((op.start_us + op.dur_us, 0, idx))
+                continue
+            if kind == 1:
+                a = host_ann[idx]
+                stack.append((a.start_us + a.dur_us, 1, idx))
+                continue
+            call = profile.runtime[idx]
+            outer = inner = None
+            flop_op = None
+            is_elig = False
+            phase = FORWARD
+            types = None
+            source = None
+            for _end, k, j in stack:
+                if k == 1:
+                    a = host_ann[j]
+                    if a.kind == OPTIMIZER or a.name.startswith("Optimizer."):
+                        phase = OPTIMIZER_PHASE
+                    continue
+                op = profile.cpu_ops[j]
+                name = op.name
+                if name.startswith("autograd::engine::evaluate_function") or "Backward" in name:
+                    if phase != OPTIMIZER_PHASE:
+                        phase = BACKWARD
+                if eligible(name):
+                    is_elig = True
+                if op.flops:
+                    flop_op = j  # the innermost op with FLOPs wins
+                if not name.startswith(_WRAPPER_PREFIXES):
+                    if outer is None:
+                        outer = name
+                    inner = name
+                    if op.input_types:
+                        types = op.input_types
+                if op.stack and source is None:
+                    source = _user_frame(op)
+            out[call.correlation] = LaunchContext(call.start_us, outer, inner, is_elig, phase,
+                                                  flop_op, types, source)
+    return out

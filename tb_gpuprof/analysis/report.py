@@ -1,0 +1,409 @@
+"""Build the report (docs/report-schema.md) from a normalized Profile. Imports no framework."""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from typing import Any
+
+from .. import REPORT_SCHEMA_VERSION, __version__
+from ..errors import EmptyProfileError
+from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
+from .classify import KernelClass, classify_kernel, is_tc_eligible_op
+from .demangle import demangle
+from .iterations import IterationWindow, plan_iterations, select_windows
+from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+
+COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+              "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
+              "cudaStreamWaitEvent")
+_DTYPE_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32",
+                    "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
+                    "signed char": "int8", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
+                    "float32": "fp32"}
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 3) if whole > 0 else 0.0
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    intervals.sort()
+    out: list[tuple[float, float]] = []
+    for s, e in intervals:
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+class _Coverage:
+    """Merged intervals with prefix sums: overlap with any [a, b) in O(log n)."""
+
+    def __init__(self, intervals: list[tuple[float, float]]) -> None:
+        self.iv = _merged(intervals)
+        self.starts = [s for s, _ in self.iv]
+        self.prefix = [0.0]
+        for s, e in self.iv:
+            self.prefix.append(self.prefix[-1] + (e - s))
+
+    def overlap(self, a: float, b: float) -> float:
+        if b <= a or not self.iv:
+            return 0.0
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        j = bisect.bisect_left(self.starts, b)
+        total = 0.0
+        for s, e in self.iv[i:j]:
+            lo, hi = max(s, a), min(e, b)
+            if hi > lo:
+                total += hi - lo
+        return total
+
+    def gaps(self, a: float, b: float) -> list[tuple[float, float]]:
+        out = []
+        cur = a
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        for s, e in self.iv[i:]:
+            if s >= b:
+                break
+            if e <= cur:
+                continue
+            if s > cur:
+                out.append((cur, min(s, b)))
+            cur = max(cur, e)
+        if cur < b:
+            out.append((cur, b))
+        return out
+
+
+def _precision_from_types(types: list[str] | None, uses_tc: bool) -> str | None:
+    if not types:
+        return None
+    for t in types:
+        p = _DTYPE_PRECISION.get(t)
+        if p:
+            return "tf32" if (p == "fp32" and uses_tc) else p
+    return None
+
+
+def _kernel_class(a: GpuActivity, ctx: LaunchContext | None) -> tuple[KernelClass, str, bool]:
+    cls = classify_kernel(a.name, a.kind)
+    precision = cls.precision
+    if precision == "unknown" and ctx is not None:
+        precision = _precision_from_types(ctx.input_types, cls.uses_tensor_cores) or precision
+    eligible = cls.tc_capable or (ctx.eligible if ctx else False)
+    if not eligible and (a.op_type or a.op):
+        eligible = is_tc_eligible_op(a.op_type or a.op or "")
+    if cls.category in COMPUTE_EXCLUDED:
+        eligible = False
+    return cls, precision, eligible
+
+
+def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: int | None = None,
+                 key: str | None = None, env: dict[str, Any] | None = None,
+                 telemetry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md)."""
+    if not profile.gpu and not profile.cpu_ops:
+        raise EmptyProfileError(profile.source, "the trace holds no GPU or CPU activity")
+    warnings: list[str] = []
+    plan = plan_iterations(profile, key=key)
+    if key and plan.method != "key_range" and plan.method != "profiler_step":
+        warnings.append(f"no range named {key!r} in the trace; iterations from {plan.method}")
+    windows = select_windows(plan, iter_start, iter_stop)
+    if not windows:
+        raise EmptyProfileError(
+            profile.source, f"no iterations in [{iter_start}, {iter_stop}) "
+            f"(the trace has {len(plan.windows)} by {plan.method})")
+
+    launches = link_launches(profile, is_tc_eligible_op)
+    win_starts = [w.start_us for w in windows]
+
+    def window_of(t: float) -> int | None:
+        i = bisect.bisect_right(win_starts, t) - 1
+        if i >= 0 and t < windows[i].end_us:
+            return i
+        return None
+
+    # Assign each GPU activity to an iteration by when it was launched (GPU work lags the host).
+    per_window: list[list[tuple[GpuActivity, LaunchContext | None]]] = [[] for _ in windows]
+    for a in profile.gpu:
+        ctx = launches.get(a.correlation) if a.correlation is not None else None
+        if ctx is None and launches and a.correlation:
+            # Launched before the trace began (e.g. in the profiler's warm-up step): this is
+            # backlog from an earlier iteration, not work of the one it happens to overlap.
+            continue
+        w = window_of(ctx.launch_us if ctx else a.start_us)
+        if w is None and ctx is not None:
+            w = window_of(a.start_us)
+        if w is not None:
+            per_window[w].append((a, ctx))
+
+    assigned = {id(a) for acts in per_window for a, _ in acts}
+    _align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
+
+    kernels: dict[tuple[str, str], dict[str, Any]] = {}
+    flop_groups: dict[int, list[tuple[dict[str, Any], float, bool]]] = {}
+    totals = {"tc": 0.0, "elig": 0.0, "other": 0.0, "memory": 0.0, "comm": 0.0, "layout": 0.0}
+    precision_us: dict[str, float] = {}
+    category_us: dict[str, float] = {}
+    phase_us = {FORWARD: 0.0, BACKWARD: 0.0, OPTIMIZER_PHASE: 0.0}
+    phase_known = False
+    items = []
+    dl_cov = _Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
+                        if x.kind == DATALOADER and not x.on_gpu])
+    sync_cov = _Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
+                          if r.name.startswith(SYNC_CALLS)])
+    launch_cov = _Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
+                            if not r.name.startswith(SYNC_CALLS)])
+    cpu_cov = _Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
+    idle_attr = {"data_loading": 0.0, "cpu_ops": 0.0, "launch_overhead": 0.0,
+                 "synchronization": 0.0, "other": 0.0}
+
+    for w, acts in zip(windows, per_window, strict=True):
+        bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
+              "layout": 0.0}
+        busy_iv = []
+        for a, ctx in acts:
+            cls, precision, eligible = _kernel_class(a, ctx)
+            dur = a.dur_us
+            busy_iv.append((a.start_us, a.start_us + dur))
+            cat = cls.category
+            category_us[cat] = category_us.get(cat, 0.0) + dur
+            if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
+                totals["memory"] += dur
+                bd["memory"] += dur
+            elif cat == "communication":
+                totals["comm"] += dur
+                totals["other"] += dur
+                bd["communication"] += dur
+            elif cls.uses_tensor_cores:
+                totals["tc"] += dur
+                bd["tc_compute"] += dur
+            elif eligible:
+                totals["elig"] += dur
+                bd["non_tc_compute"] += dur
+            else:
+                totals["other"] += dur
+                if cat == "layout":
+                    totals["layout"] += dur
+                    bd["layout"] += dur
+                else:
+                    bd["non_tc_compute"] += dur
+            if a.kind == KERNEL and cat not in COMPUTE_EXCLUDED:
+                precision_us[precision] = precision_us.get(precision, 0.0) + dur
+            if ctx is not None and ctx.phase is not None:
+                phase_known = True
+                phase_us[ctx.phase] += dur
+            k = kernels.get((a.kind, a.name))
+            if k is None:
+                k = kernels[(a.kind, a.name)] = {
+                    "name": a.name, "demangled": demangle(a.name) if a.kind == KERNEL else a.name,
+                    "kind": a.kind, "count": 0, "total_us": 0.0, "mean_us": 0.0,
+                    "min_us": dur, "max_us": dur, "pct": 0.0,
+                    "uses_tensor_cores": cls.uses_tensor_cores, "precision": precision,
+                    "category": cat, "tc_eligible": eligible, "_ops": {},
+                    "grid": list(a.grid) if a.grid else None,
+                    "block": list(a.block) if a.block else None,
+                    "registers": a.registers, "shared_mem": a.shared_mem,
+                    "occupancy_pct": a.occupancy, "flops": None, "bytes": None, "tflops": None,
+                    "source": None,
+                }
+            k["count"] += 1
+            k["total_us"] += dur
+            k["min_us"] = min(k["min_us"], dur)
+            k["max_us"] = max(k["max_us"], dur)
+            if a.bytes:
+                k["bytes"] = (k["bytes"] or 0) + a.bytes
+            op_name = (ctx.op if ctx else None) or a.op
+            if op_name:
+                k["_ops"][op_name] = k["_ops"].get(op_name, 0.0) + dur
+            if ctx is not None:
+                if ctx.source and not k["source"]:
+                    k["source"] = ctx.source
+                if ctx.flop_op is not None:
+                    flop_groups.setdefault(ctx.flop_op, []).append(
+                        (k, dur, cls.tc_capable or cls.uses_tensor_cores))
+        busy_cov = _Coverage(busy_iv)
+        # Work launched in this iteration may run past its end (GPU lags the host): its union is
+        # the iteration's busy time, and idle is what is left of the wall time.
+        busy_all = sum(e - s for s, e in busy_cov.iv)
+        idle = max(w.wall_us - busy_all, 0.0)
+        if idle > 0:
+            # What was the host doing while the GPU had nothing? Attribute the gaps in priority
+            # order, then scale so the attribution sums to this iteration's idle time.
+            attr = dict.fromkeys(idle_attr, 0.0)
+            for gs, ge in busy_cov.gaps(w.start_us, w.end_us):
+                left = ge - gs
+                for name, cov in (("data_loading", dl_cov), ("synchronization", sync_cov),
+                                  ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)):
+                    part = min(left, cov.overlap(gs, ge))
+                    attr[name] += part
+                    left -= part
+                attr["other"] += left
+            gap_total = sum(attr.values())
+            for name, v in attr.items():
+                idle_attr[name] += v * idle / gap_total if gap_total > 0 else 0.0
+            if gap_total <= 0:
+                idle_attr["other"] += idle
+        items.append({
+            "step": w.step, "start_us": round(w.start_us, 3), "wall_ms": round(w.wall_us / 1e3, 4),
+            "gpu_busy_ms": round(min(busy_all, w.wall_us) / 1e3, 4),
+            "breakdown_ms": {**{k2: round(v / 1e3, 4) for k2, v in bd.items()},
+                             "idle": round(idle / 1e3, 4)},
+        })
+
+    # FLOPs recorded on an op go to the math kernels it launched, split by their time.
+    for op_idx, group in flop_groups.items():
+        flops = profile.cpu_ops[op_idx].flops or 0.0
+        math = [g for g in group if g[2]] or group
+        tot = sum(d for _, d, _ in math) or 1.0
+        for k, d, _ in math:
+            k["flops"] = (k["flops"] or 0.0) + flops * d / tot
+
+    gpu_time = sum(k["total_us"] for k in kernels.values())
+    kernel_list = sorted(kernels.values(), key=lambda k: -k["total_us"])
+    for k in kernel_list:
+        k["mean_us"] = k["total_us"] / k["count"]
+        k["pct"] = _pct(k["total_us"], gpu_time)
+        ops = k.pop("_ops")
+        k["ops"] = [n for n, _ in sorted(ops.items(), key=lambda kv: -kv[1])[:5]]
+        if k["flops"]:
+            k["tflops"] = round(k["flops"] / (k["total_us"] * 1e6), 3) if k["total_us"] else None
+        for f in ("total_us", "mean_us", "min_us", "max_us"):
+            k[f] = round(k[f], 3)
+
+    walls = [w.wall_us / 1e3 for w in windows]
+    wall_total = sum(w.wall_us for w in windows)
+    busy_total = sum(it["gpu_busy_ms"] for it in items) * 1e3
+    eligible_total = totals["tc"] + totals["elig"]
+    report: dict[str, Any] = {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "generator": f"tb_gpuprof {__version__}",
+        "source": {"path": profile.source, "format": profile.format,
+                   "events": len(profile.gpu) + len(profile.cpu_ops) + len(profile.runtime)},
+        "system": _system(profile, env),
+        "iterations": {
+            "method": plan.method, "key": plan.key, "count": len(windows),
+            "range": _step_range(windows),
+            "mean_ms": round(statistics.fmean(walls), 4),
+            "median_ms": round(statistics.median(walls), 4),
+            "min_ms": round(min(walls), 4), "max_ms": round(max(walls), 4),
+            "p95_ms": round(_percentile(walls, 95), 4),
+            "gpu_busy_mean_ms": round(busy_total / len(windows) / 1e3, 4),
+            "items": items,
+        },
+        "gpu_time_us": round(gpu_time, 3),
+        "kernels": kernel_list,
+        "kernels_total": len(kernel_list),
+        "tensor_cores": {
+            "tc_us": round(totals["tc"], 3), "eligible_not_tc_us": round(totals["elig"], 3),
+            "other_us": round(totals["other"], 3), "memory_us": round(totals["memory"], 3),
+            "tc_pct": _pct(totals["tc"], gpu_time),
+            "eligible_not_tc_pct": _pct(totals["elig"], gpu_time),
+            "other_pct": _pct(totals["other"], gpu_time),
+            "memory_pct": _pct(totals["memory"], gpu_time),
+            "tc_kernel_efficiency_pct": _pct(totals["tc"], eligible_total)
+            if eligible_total > 0 else None,
+        },
+        "precision_us": {k: round(v, 3) for k, v in sorted(precision_us.items())},
+        "category_us": {k: round(v, 3) for k, v in sorted(category_us.items())},
+        "breakdown": {
+            "wall_us": round(wall_total, 3), "gpu_busy_us": round(busy_total, 3),
+            "tc_compute_us": round(sum(i["breakdown_ms"]["tc_compute"] for i in items) * 1e3, 3),
+            "non_tc_compute_us": round(
+                sum(i["breakdown_ms"]["non_tc_compute"] for i in items) * 1e3, 3),
+            "memory_us": round(totals["memory"], 3),
+            "communication_us": round(totals["comm"], 3),
+            "layout_us": round(totals["layout"], 3),
+            "idle_us": round(sum(i["breakdown_ms"]["idle"] for i in items) * 1e3, 3),
+            "idle_attribution_us": {k: round(v, 3) for k, v in idle_attr.items()},
+        },
+        "phases": ({"method": "autograd", **{f"{p}_ms": round(v / len(windows) / 1e3, 4)
+                                             for p, v in phase_us.items()}}
+                   if phase_known else None),
+        "telemetry": telemetry,
+        "recommendations": [],
+        "warnings": warnings,
+    }
+    if not profile.gpu:
+        warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
+                        "Tensor Core and kernel views are empty")
+    from .recommend import recommend
+
+    report["recommendations"] = recommend(report)
+    return report
+
+
+def _align_to_gpu(windows: list[IterationWindow],
+                  per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
+                  unassigned: list[GpuActivity]) -> None:
+    """Move iteration bounds from host ranges to when the iteration's work really finished.
+
+    The host may run ahead of the GPU (nothing synchronizes), so a host step marker can be far
+    shorter than the GPU work it launched. An iteration ends when both its host code and its GPU
+    work are done, and the next one starts no earlier than that: in steady state the difference
+    of consecutive ends is the iteration time whether the job is GPU- or host-bound. The first
+    iteration may find the GPU still busy with work launched before it (recorded or not); it
+    starts no earlier than that backlog's end, or its first kernel's start minus the host time
+    before that kernel's launch.
+    """
+    prev_end: float | None = None
+    for w, acts in zip(windows, per_window, strict=True):
+        host_start = w.start_us
+        if acts:
+            w.end_us = max(w.end_us, max(a.start_us + a.dur_us for a, _ in acts))
+        if prev_end is not None:
+            w.start_us = max(host_start, prev_end)
+        elif acts:
+            first, ctx = min(acts, key=lambda ac: ac[0].start_us)
+            backlog = [a.start_us + a.dur_us for a in unassigned if a.start_us < first.start_us]
+            if backlog:
+                w.start_us = max(host_start, min(max(backlog), first.start_us))
+            elif ctx is not None:
+                w.start_us = max(host_start, first.start_us - (ctx.launch_us - host_start))
+        w.end_us = max(w.end_us, w.start_us)
+        prev_end = w.end_us
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _step_range(windows: list[IterationWindow]) -> list[int] | None:
+    steps = [w.step for w in windows if w.step is not None]
+    if len(steps) != len(windows):
+        return [windows[0].index, windows[-1].index]
+    return [min(steps), max(steps)]
+
+
+def _system(profile: Profile, env: dict[str, Any] | None) -> dict[str, Any]:
+    md = profile.metadata
+    system: dict[str, Any] = {"gpu_name": None, "compute_capability": None, "num_sms": None,
+                              "gpu_memory_bytes": None, "cuda_runtime": md.get("cuda_runtime"),
+                              "cuda_driver": md.get("cuda_driver"),
+                              "framework": md.get("framework"),
+                              "framework_version": md.get("framework_version"),
+                              "flags": {}, "distributed": md.get("distributed")}
+    if profile.devices:
+        d = profile.devices[0]
+        system["gpu_name"] = d.name or None
+        if d.compute_major is not None:
+            system["compute_capability"] = f"{d.compute_major}.{d.compute_minor or 0}"
+        system["num_sms"] = d.num_sms
+        system["gpu_memory_bytes"] = d.total_memory
+        system["gpu_count"] = len(profile.devices)
+    for k, v in (env or {}).items():
+        if k == "flags":
+            system["flags"].update(v or {})
+        elif v is not None:
+            system[k] = v
+    return system
