@@ -1,0 +1,573 @@
+"""Kineto / ``torch.profiler`` Chrome-trace JSON -> :class:`Profile`.
+
+A large trace (500 MB, a million events) must parse in seconds and in a fraction of its size in
+memory, so the whole JSON tree is never built. Kineto writes one event per ``  {\\n ... \\n  },``
+block; a raw newline can never sit inside a JSON string, so ``\\n<indent>},`` is always an event
+boundary outside strings. We read (and gunzip) the file in blocks, cut each block at its last
+boundary, and decode the batch with msgspec into Structs that declare only the fields we use.
+A batch that decodes is proof that the cut was right; anything unexpected (a compact one-line
+file, a different indentation, odd JSON) falls back to one full decode of the file - slower,
+still correct. Errors name the file and the problem in one line (:class:`TraceReadError`).
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import os
+import re
+import sys
+import zlib
+from collections.abc import Iterator
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+
+from ..errors import EmptyProfileError, TraceReadError
+from ..model import (
+    DATALOADER,
+    KERNEL,
+    MEMCPY,
+    MEMSET,
+    OPTIMIZER,
+    STEP,
+    USER,
+    Annotation,
+    CpuOp,
+    DeviceInfo,
+    GpuActivity,
+    Profile,
+    RuntimeCall,
+)
+
+BLOCK_BYTES = 8 << 20  # read/decompress granularity; one batch of events is about this big
+MAX_PENDING_BYTES = 64 << 20  # no event boundary within this much text: not Kineto's layout
+HEADER_LIMIT_BYTES = 16 << 20  # "traceEvents" must start within this much of the file
+TOLERANT_FALLBACK_LIMIT = 256 << 20  # stdlib json retry (non-strict) only below this size
+
+# Header/trailer keys copied into Profile.metadata (both decode paths keep the same set).
+META_KEYS = (
+    "schemaVersion", "distributedInfo", "with_stack", "record_shapes", "with_flops",
+    "with_modules", "profile_memory", "cuda_driver_version", "cuda_runtime_version",
+    "cupti_version", "hip_runtime_version", "baseTimeNanoseconds", "displayTimeUnit",
+    "trace_id", "traceName", "Framework", "roctracer_version", "deviceProperties",
+)
+
+
+class _Args(msgspec.Struct):
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    device: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    registers: int | None = msgspec.field(default=None, name="registers per thread")
+    shared_mem: int | None = msgspec.field(default=None, name="shared memory")
+    blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
+    occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    bytes: int | None = None
+    # Raw: shapes repeat across iterations; decoded once per distinct text (empty when absent)
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    flops: float | None = None
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    name: Any = None  # thread_name / process_name metadata events
+
+
+class _Event(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _Args = msgspec.field(default_factory=_Args)
+
+
+_EventList = list[_Event]
+_TraceObject = msgspec.defstruct(
+    "_TraceObject",
+    [("traceEvents", _EventList)] + [(k, Any, None) for k in META_KEYS],
+)
+_EVENTS_DECODER = msgspec.json.Decoder(_EventList, strict=False)
+_FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
+_HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
+_TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+
+# Category -> what we make of it; old Kineto spelled some categories differently.
+_CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT = range(8)
+_CATEGORY = {
+    "cpu_op": _CPU_OP, "operator": _CPU_OP, "Operator": _CPU_OP,
+    "python_function": _PYTHON, "python": _PYTHON, "Python": _PYTHON,
+    "kernel": _KERNEL, "Kernel": _KERNEL,
+    "gpu_memcpy": _MEMCPY, "Memcpy": _MEMCPY,
+    "gpu_memset": _MEMSET, "Memset": _MEMSET,
+    "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
+    "user_annotation": _ANNOT, "gpu_user_annotation": _GPU_ANNOT,
+}
+
+_MISSING = object()
+_STEP_MARKER = "ProfilerStep#"  # sentinel (by identity) in the op-name cache
+_STEP_NUMBER = re.compile(r"#(\d+)\s*$")
+
+
+def classify_annotation(name: str) -> tuple[str, int | None]:
+    """Annotation kind and iteration number for a Kineto/NVTX range name."""
+    if name.startswith("ProfilerStep#"):
+        m = _STEP_NUMBER.search(name)
+        return STEP, int(m.group(1)) if m else None
+    if name.startswith("Optimizer.step#"):
+        return OPTIMIZER, None
+    if name.startswith("enumerate(DataLoader)#"):
+        return DATALOADER, None
+    return USER, None  # Optimizer.zero_grad#..., record_function ranges
+
+
+class _LayoutMismatch(Exception):
+    """The fast path met something it does not handle; decode the whole file instead."""
+
+
+def read_kineto(path: str | os.PathLike[str]) -> Profile:
+    """Read a torch.profiler/Kineto Chrome trace: ``.json``/``.json.gz``, object or bare list."""
+    path = os.fspath(path)
+    # A million new container objects would trigger dozens of full collections, each walking
+    # everything built so far: the reader creates no cycles, so collect once at the end.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        builder = _ProfileBuilder(path)
+        try:
+            _stream_decode(path, builder)
+        except _LayoutMismatch:
+            builder = _ProfileBuilder(path)
+            _full_decode(path, builder)
+        return builder.finish()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def _is_gzip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except FileNotFoundError:
+        raise TraceReadError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceReadError(path, "is a directory, not a trace file") from None
+    except OSError as e:
+        raise TraceReadError(path, f"cannot read: {e.strerror or e}") from None
+
+
+def _blocks(path: str) -> Iterator[bytes]:
+    """The file's (decompressed) bytes in blocks; gzip damage becomes a TraceReadError."""
+    gz = _is_gzip(path)
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+            while block := f.read(BLOCK_BYTES):
+                yield block
+    except EOFError:
+        raise TraceReadError(path, "truncated gzip file (compressed stream ends early)") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise TraceReadError(path, f"corrupt gzip data: {e}") from None
+    except OSError as e:
+        raise TraceReadError(path, f"cannot read: {e.strerror or e}") from None
+
+
+def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
+    it = _blocks(path)
+    buf = b""
+    for block in it:  # find where the events start
+        buf = block if not buf else buf + block
+        start = buf.lstrip()[:1]
+        if start == b"[":
+            is_list = True
+            events_at = buf.index(b"[") + 1
+            break
+        if start == b"{":
+            m = _TRACE_EVENTS_KEY.search(buf)
+            if m:
+                try:
+                    header = _HEADER_DECODER.decode(buf[: m.end()] + b"]}")
+                except msgspec.DecodeError:
+                    raise _LayoutMismatch from None  # "traceEvents" not at the top level
+                builder.add_metadata(header)
+                is_list = False
+                events_at = m.end()
+                break
+            if len(buf) > HEADER_LIMIT_BYTES:
+                raise _LayoutMismatch
+            continue
+        if start:
+            raise _LayoutMismatch  # not JSON we know: the full decode names the problem
+    else:
+        if not buf.strip():
+            raise TraceReadError(path, "empty file")
+        raise _LayoutMismatch
+
+    # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
+    # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
+    # the buffer into a JSON array in place, decoded through a memoryview: no copies.
+    buf = bytearray(buf[events_at - 1 :])
+    cut: bytes | None = None  # b"\n<indent>}," once the first event shows the indentation
+    while True:
+        if cut is None:
+            body = bytes(buf[1:4097]).lstrip(b" \t\r\n")
+            if body[:1] == b"{":
+                gap = bytes(buf[1 : buf.index(b"{")])
+                if b"\n" not in gap:
+                    raise _LayoutMismatch  # compact one-line layout
+                cut = b"\n" + gap.rsplit(b"\n", 1)[1] + b"},"
+            elif body and body[:1] != b"]":
+                raise _LayoutMismatch
+        if cut is not None:
+            pos = buf.rfind(cut)
+            if pos >= 0:
+                end = pos + len(cut) - 1  # the "," after the last complete event
+                buf[0], buf[end] = 0x5B, 0x5D  # "[", "]"
+                with memoryview(buf) as whole:
+                    batch = whole[: end + 1]
+                    builder.add_events(_decode_batch(batch))
+                    batch.release()  # the events (and their Raw views) are gone by now
+                del buf[:end]  # O(1): bytearray drops a prefix by moving its start
+            elif len(buf) > MAX_PENDING_BYTES:
+                raise _LayoutMismatch
+        block = next(it, None)
+        if block is None:
+            break
+        buf += block
+
+    # The rest: last events plus whatever follows the array (e.g. "traceName").
+    buf[0] = 0x5B
+    if is_list:
+        builder.add_events(_decode_batch(bytes(buf), path=path))
+        return
+    try:
+        tail = _FULL_DECODER.decode(b'{"traceEvents":' + buf)
+    except msgspec.DecodeError as e:
+        if "truncated" in str(e):
+            raise TraceReadError(path, "truncated JSON (the file ends mid-way)") from None
+        raise _LayoutMismatch from None
+    builder.add_events(tail.traceEvents)
+    builder.add_metadata({k: getattr(tail, k) for k in META_KEYS})
+
+
+def _decode_batch(data: bytes | memoryview, path: str | None = None) -> list[_Event]:
+    try:
+        return _EVENTS_DECODER.decode(data)
+    except msgspec.DecodeError as e:
+        if path is not None and "truncated" in str(e):
+            raise TraceReadError(path, "truncated JSON (the file ends mid-way)") from None
+        if len(data) < TOLERANT_FALLBACK_LIMIT:
+            tolerant = _tolerant_json(bytes(data))
+            if isinstance(tolerant, list):
+                try:  # re-encoded, it is plain JSON our typed decoder takes
+                    return _EVENTS_DECODER.decode(msgspec.json.encode(tolerant))
+                except msgspec.DecodeError:
+                    pass
+        raise _LayoutMismatch from None
+
+
+def _tolerant_json(data: bytes) -> Any:
+    """What torch-tb-profiler accepts too: raw control characters in strings, bare N/A."""
+    try:
+        text = data.decode("utf-8", errors="replace")
+        try:
+            return json.loads(text, strict=False)
+        except json.JSONDecodeError:
+            return json.loads(re.sub(r'(?<!")N/A(?!")', '"N/A"', text), strict=False)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def _full_decode(path: str, builder: _ProfileBuilder) -> None:
+    data = b"".join(_blocks(path))
+    if not data.strip():
+        raise TraceReadError(path, "empty file")
+    try:
+        doc = _FULL_DECODER.decode(data)
+    except msgspec.ValidationError as e:
+        raise _not_a_trace(path, str(e)) from None
+    except msgspec.DecodeError as e:
+        if "truncated" in str(e):
+            raise TraceReadError(path, "truncated JSON (the file ends mid-way)") from None
+        tolerant = _tolerant_json(data) if len(data) < TOLERANT_FALLBACK_LIMIT else None
+        if tolerant is None:
+            raise TraceReadError(path, f"not valid JSON: {e}") from None
+        try:
+            doc = _FULL_DECODER.decode(msgspec.json.encode(tolerant))
+        except msgspec.DecodeError as e2:
+            raise _not_a_trace(path, str(e2)) from None
+    del data
+    if isinstance(doc, list):
+        builder.add_events(doc)
+    else:
+        builder.add_metadata({k: getattr(doc, k) for k in META_KEYS})
+        builder.add_events(doc.traceEvents)
+
+
+def _not_a_trace(path: str, detail: str) -> TraceReadError:
+    if "traceEvents" in detail and "missing" in detail:
+        return TraceReadError(path, "JSON but not a Chrome trace: no 'traceEvents' list")
+    if detail.startswith("Expected `object | array`"):
+        return TraceReadError(path, "JSON but not a Chrome trace: top level is no object or list")
+    return TraceReadError(path, f"JSON but not a Kineto trace: {detail}")
+
+
+# --- python stacks ----------------------------------------------------------------------------
+
+MAX_STACK_FRAMES = 5  # the deepest user frames are the ones a user acts on
+# Top-level packages whose frames are library code, not the user's (Kineto strips sys.path
+# prefixes, so a frame reads "torch/nn/modules/module.py(1783): _call_impl").
+_LIBRARY_ROOTS = frozenset({
+    "torch", "torchvision", "torchaudio", "torchtext", "functorch", "triton", "numpy",
+    "transformers", "accelerate", "apex", "deepspeed", "lightning", "pytorch_lightning",
+    "lightning_fabric", "timm", "einops", "megatron", "fairscale", "xformers", "flash_attn",
+    "tensorboard", "tqdm", "hydra", "omegaconf", "datasets", "safetensors", "peft",
+    "diffusers", "torchmetrics", "jax", "tensorflow", "keras", "_pytest", "pytest", "pluggy",
+    "IPython", "ipykernel", "tb_gpuprof",
+}) | frozenset(sys.stdlib_module_names)
+
+
+def is_user_frame(frame: str) -> bool:
+    """True for "train.py(53): step"; False for built-ins, nn.Module markers, library/stdlib."""
+    if frame.startswith(("<", "nn.Module")):
+        return False
+    file = frame.split("(", 1)[0].replace("\\", "/")
+    if "-packages/" in file or "/lib/python" in file:
+        return False
+    root = file.lstrip("/").split("/", 1)[0]
+    return root.removesuffix(".py") not in _LIBRARY_ROOTS
+
+
+class UserStackBuilder:
+    """Gives each CPU op the user frames that enclose it, from Kineto's python_function events.
+
+    Frames are kept only when they are user code (a dict lookup per event), then one sweep per
+    thread over frames and ops, both sorted by start, assigns the open frames to each op.
+    Ops under the same frames share one list. Stacks read innermost frame first.
+    """
+
+    def __init__(self) -> None:
+        # Filled by the reader's loop directly (it is hot): tid -> [(start, end, frame)].
+        self.frames: dict[Any, list[tuple[float, float, str]]] = {}
+        self.is_user: dict[str, bool] = {}
+        self._call_stacks: dict[str, list[str] | None] = {}
+
+    def learn(self, frame: str) -> bool:
+        user = self.is_user[frame] = is_user_frame(frame)
+        return user
+
+    def from_call_stack(self, text: str) -> list[str] | None:
+        """Old torch wrote the stack as one "Call stack" argument, innermost first."""
+        if text not in self._call_stacks:
+            frames = [f for f in text.split(";") if f and is_user_frame(f)]
+            self._call_stacks[text] = frames[:MAX_STACK_FRAMES] or None
+        return self._call_stacks[text]
+
+    def attach(self, ops: list[CpuOp]) -> None:
+        """``ops`` sorted by start; sets ``stack`` where it is still None."""
+        if not self.frames:
+            return
+        ops_by_tid: dict[Any, list[CpuOp]] = {tid: [] for tid in self.frames}
+        for op in ops:
+            bucket = ops_by_tid.get(op.tid)
+            if bucket is not None and op.stack is None:
+                bucket.append(op)
+        for tid, frames in self.frames.items():
+            frames.sort(key=lambda f: (f[0], -f[1]))  # parents before children at equal start
+            open_frames: list[tuple[float, str]] = []  # (end, name), innermost last
+            current: list[str] | None = None
+            i, n = 0, len(frames)
+            for op in ops_by_tid[tid]:
+                t = op.start_us
+                changed = False
+                while i < n and frames[i][0] <= t:
+                    start, end, name = frames[i]
+                    i += 1
+                    while open_frames and open_frames[-1][0] <= start:
+                        open_frames.pop()
+                    open_frames.append((end, name))
+                    changed = True
+                while open_frames and open_frames[-1][0] < t:
+                    open_frames.pop()
+                    changed = True
+                if changed:
+                    top = open_frames[-MAX_STACK_FRAMES:]
+                    current = [name for _, name in reversed(top)] or None
+                op.stack = current
+
+
+# --- building the model -----------------------------------------------------------------------
+
+
+class _ProfileBuilder:
+    """Turns decoded events into model objects, batch by batch, sharing repeated values."""
+
+    def __init__(self, path: str) -> None:
+        self.profile = Profile(source=path, format="kineto")
+        self.stacks = UserStackBuilder()
+        self._json_cache: dict[bytes, Any] = {}
+        self._op_names: dict[str, str] = {}  # interns op names, flags step markers
+        self._dims_cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
+        self._thread_names: dict[str, str] = {}
+        self._events = 0
+
+    def add_metadata(self, doc: dict[str, Any]) -> None:
+        meta = self.profile.metadata
+        for key in META_KEYS:
+            value = doc.get(key)
+            if value is None:
+                continue
+            if key == "deviceProperties":
+                self._add_devices(value)
+            elif key == "distributedInfo" and isinstance(value, dict):
+                meta["distributed"] = {k: value.get(k) for k in
+                                       ("rank", "world_size", "backend", "nccl_version")
+                                       if k in value}
+            else:
+                meta[key] = value
+
+    def _add_devices(self, props: Any) -> None:
+        if not isinstance(props, list):
+            return
+        for p in props:
+            if not isinstance(p, dict) or not isinstance(p.get("id"), int):
+                continue
+            self.profile.devices.append(DeviceInfo(
+                id=p["id"], name=str(p.get("name", "")),
+                compute_major=p.get("computeMajor"), compute_minor=p.get("computeMinor"),
+                num_sms=p.get("numSms"), total_memory=p.get("totalGlobalMem")))
+
+    def _learn_op_name(self, name: str) -> str:
+        canonical = _STEP_MARKER if name.startswith("ProfilerStep#") else sys.intern(name)
+        self._op_names[name] = canonical
+        return canonical
+
+    def _decode_new(self, key: bytes) -> Any:
+        """First sight of an argument's JSON text; identical texts then share the value."""
+        try:
+            value = msgspec.json.decode(key)
+        except msgspec.DecodeError:
+            value = None
+        self._json_cache[key] = value
+        return value
+
+    def _dims(self, dims: list[int] | None) -> tuple[int, int, int] | None:
+        if not dims:
+            return None
+        key = tuple(dims)
+        cached = self._dims_cache.get(key)
+        if cached is None:
+            x, y, z = (*key, 1, 1, 1)[:3]
+            cached = self._dims_cache[key] = (x, y, z)
+        return cached
+
+    def add_events(self, events: list[_Event]) -> None:
+        # The hot loop of the reader: locals for everything, one constructor call per object.
+        p = self.profile
+        cpu_ops, gpu, runtime, annotations = p.cpu_ops, p.gpu, p.runtime, p.annotations
+        category = _CATEGORY.get
+        intern = sys.intern
+        cached = self._json_cache.get
+        op_name = self._op_names.get
+        decode_new = self._decode_new
+        dims = self._dims
+        stacks = self.stacks
+        is_user = stacks.is_user.get
+        frames = stacks.frames
+        self._events += len(events)
+        for ev in events:
+            kind = category(ev.cat)
+            if kind == _CPU_OP:
+                name = op_name(ev.name)
+                if name is None:  # first sight of this name
+                    name = self._learn_op_name(ev.name)
+                if name is _STEP_MARKER:  # older torch: ProfilerStep#N as a cpu_op
+                    annotations.append(
+                        Annotation(ev.name, ev.ts, ev.dur, *classify_annotation(ev.name)))
+                    continue
+                a = ev.args
+                if a.input_dims:
+                    key = bytes(a.input_dims)
+                    shapes = cached(key, _MISSING)
+                    if shapes is _MISSING:
+                        shapes = decode_new(key)
+                    key = bytes(a.input_type)
+                    types = cached(key, _MISSING)
+                    if types is _MISSING:
+                        types = decode_new(key)
+                else:
+                    shapes = types = None
+                tid = ev.tid
+                cpu_ops.append(CpuOp(
+                    name, ev.ts, ev.dur, tid if type(tid) is int else 0, a.external_id,
+                    shapes, types, a.flops,
+                    stacks.from_call_stack(a.call_stack) if a.call_stack else None))
+            elif kind == _PYTHON:
+                name = ev.name
+                user = is_user(name)
+                if user is None:
+                    user = stacks.learn(name)
+                if user:
+                    frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, intern(name)))
+            elif kind is None:
+                if ev.ph == "M" and ev.name == "thread_name":
+                    self._thread_names[f"{ev.pid}/{ev.tid}"] = str(ev.args.name)
+                elif ev.cat == "Trace" and ev.ph == "X":
+                    p.metadata["profiler_span_us"] = [ev.ts, ev.dur]
+            elif kind == _RUNTIME:
+                a = ev.args
+                tid = ev.tid
+                runtime.append(RuntimeCall(intern(ev.name), ev.ts, ev.dur,
+                                           tid if type(tid) is int else 0,
+                                           a.correlation, a.external_id))
+            elif kind == _KERNEL:
+                a = ev.args
+                gpu.append(GpuActivity(
+                    KERNEL, intern(ev.name), ev.ts, ev.dur, self._device(ev, a),
+                    self._stream(ev, a), a.correlation, a.external_id, dims(a.grid),
+                    dims(a.block), a.registers, a.shared_mem, a.blocks_per_sm, a.occupancy))
+            elif kind == _MEMCPY or kind == _MEMSET:
+                a = ev.args
+                act = GpuActivity(MEMCPY if kind == _MEMCPY else MEMSET, intern(ev.name),
+                                  ev.ts, ev.dur, self._device(ev, a), self._stream(ev, a),
+                                  a.correlation, a.external_id)
+                act.bytes = a.bytes
+                gpu.append(act)
+            else:
+                kind_name, step = classify_annotation(ev.name)
+                annotations.append(Annotation(ev.name, ev.ts, ev.dur, kind_name,
+                                              on_gpu=kind == _GPU_ANNOT, step=step))
+
+    @staticmethod
+    def _device(ev: _Event, a: _Args) -> int:
+        if a.device is not None:
+            return a.device
+        return ev.pid if type(ev.pid) is int else 0
+
+    @staticmethod
+    def _stream(ev: _Event, a: _Args) -> int:
+        if a.stream is not None:
+            return a.stream
+        return ev.tid if type(ev.tid) is int else 0
+
+    def finish(self) -> Profile:
+        p = self.profile
+        if not (p.gpu or p.cpu_ops or p.runtime or p.annotations):
+            raise EmptyProfileError(
+                p.source, "trace holds no kernels, CPU ops, runtime calls or annotations")
+        by_start = attrgetter("start_us")
+        for items in (p.gpu, p.cpu_ops, p.runtime, p.annotations):
+            items.sort(key=by_start)
+        self.stacks.attach(p.cpu_ops)
+        p.metadata["events"] = self._events
+        if self._thread_names:
+            p.metadata["thread_names"] = self._thread_names
+        return p
