@@ -141,6 +141,7 @@ class GpuProfiler:
         self.env: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None  # the window's report, once analyzed
         self.trace_path: str | None = None  # the stored raw trace, once saved
+        self.analysis_seconds: float | None = None  # export + analysis + store, off-thread
 
     # -- robustness ------------------------------------------------------------------------
 
@@ -527,6 +528,7 @@ class GpuProfiler:
 
     def _analyze(self, prof: Any, step: int, env: dict[str, Any],
                  window: tuple[float, float]) -> None:
+        t0 = time.perf_counter()
         tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         try:
             telemetry = self._guard("nvml", self._window_telemetry, *window, when="nvml")
@@ -557,6 +559,7 @@ class GpuProfiler:
             self._fail("window", f"analysis failed: {e}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            self.analysis_seconds = time.perf_counter() - t0
 
     # -- run summary -------------------------------------------------------------------------
 

@@ -1,0 +1,174 @@
+"""Cost of the PyTorch hook on ResNet-50 AMP fp16 + channels_last (run on the GPU).
+
+Two measurements, each A/B interleaved in one process (ABBA order against drift), blocks of
+``--block`` iterations timed with CUDA events (one sync after each block, in the harness):
+
+1. always-on: a block with ``GpuProfiler(iter_start=None)`` (scalars, CUDA-event timing,
+   memory peaks, NVTX, NVML sampling) against a block of the bare loop;
+2. after a window: one profiler whose window [5, 5 + window) has just run, its following
+   blocks against bare blocks, split into blocks that ran while the window's analysis thread
+   was still working and blocks after it finished.
+
+Prints the ratios (hook / bare; 1.01 = 1 % slower) and writes ``--out`` as JSON.
+
+    python3 benchmarks/bench_torch_overhead.py --out $OUT/torch/bench_torch_overhead.json
+    python3 benchmarks/bench_torch_overhead.py --device cpu --tiny     # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tb_gpuprof.torch import GpuProfiler
+
+
+def build_model(tiny: bool) -> torch.nn.Module:
+    try:
+        import torchvision
+
+        return torchvision.models.resnet18(num_classes=10) if tiny else \
+            torchvision.models.resnet50()
+    except ImportError:
+        if not tiny:
+            raise
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1, stride=2), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10))
+
+
+def make_train_step(model, device: str, batch: int, image: int):
+    amp = torch.float16 if device == "cuda" else torch.bfloat16
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler(device, enabled=amp == torch.float16)
+    x = torch.randn(batch, 3, image, image, device=device).contiguous(
+        memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), device=device)
+
+    def train_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=amp):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    return train_step
+
+
+def timed_block(train_step, n: int, device: str, prof: GpuProfiler | None = None) -> float:
+    """Mean ms per iteration of ``n`` iterations (the harness syncs once, after the block)."""
+    if device == "cuda":
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        train_step()
+        if prof is not None:
+            prof.step()
+    if device == "cuda":
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / n
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def summarize(pairs: list[tuple[float, float]]) -> dict:
+    base = statistics.fmean(p[0] for p in pairs)
+    hook = statistics.fmean(p[1] for p in pairs)
+    return {"pairs": len(pairs), "bare_ms": round(base, 3), "hook_ms": round(hook, 3),
+            "ratio_of_means": round(hook / base, 4),
+            "median_pair_ratio": round(statistics.median(h / b for b, h in pairs), 4)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="write the figures here as JSON")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="small model (CPU smoke test)")
+    ap.add_argument("--pairs", type=int, default=12, help="A/B block pairs per measurement")
+    ap.add_argument("--block", type=int, default=20, help="iterations per block")
+    ap.add_argument("--window", type=int, default=5)
+    args = ap.parse_args()
+    if args.tiny:
+        args.pairs, args.block = min(args.pairs, 3), min(args.block, 3)
+    batch, image = (8, 32) if args.tiny else (256, 224)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    model = build_model(args.tiny).to(args.device).to(memory_format=torch.channels_last)
+    train_step = make_train_step(model, args.device, batch, image)
+    logdir = tempfile.mkdtemp(prefix="bench_torch_overhead_")
+    timed_block(train_step, 2 * args.block, args.device)  # warm-up, cudnn autotuning
+
+    # 1. always-on mode: a fresh profiler per hooked block, started/closed outside the timing
+    always_on = []
+    for i in range(args.pairs):
+        order = ("bare", "hook") if i % 2 == 0 else ("hook", "bare")
+        ms = {}
+        for mode in order:
+            if mode == "bare":
+                ms[mode] = timed_block(train_step, args.block, args.device)
+            else:
+                prof = GpuProfiler(os.path.join(logdir, "always_on")).start()
+                ms[mode] = timed_block(train_step, args.block, args.device, prof)
+                prof.close()
+        always_on.append((ms["bare"], ms["hook"]))
+
+    # 2. after a window: profile [5, 5 + window), then compare the profiler's blocks with bare
+    prof = GpuProfiler(os.path.join(logdir, "window"), iter_start=5,
+                       iter_stop=5 + args.window, model=model).start()
+    t_window = time.perf_counter()
+    timed_block(train_step, 5 + args.window, args.device, prof)
+    window_loop_s = time.perf_counter() - t_window
+    during, after = [], []
+    analysis = prof._analysis
+    for i in range(args.pairs):
+        order = ("bare", "hook") if i % 2 == 0 else ("hook", "bare")
+        busy = analysis is not None and analysis.is_alive()
+        ms = {}
+        for mode in order:
+            ms[mode] = timed_block(train_step, args.block, args.device,
+                                   prof if mode == "hook" else None)
+        (during if busy and analysis.is_alive() else after).append((ms["bare"], ms["hook"]))
+    t_wait = time.perf_counter()
+    prof.close()
+    result = {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "torch": torch.__version__, "batch": batch, "block_iterations": args.block,
+        "always_on": summarize(always_on),
+        "after_window_analysis_running": summarize(during) if during else None,
+        "after_window_analysis_done": summarize(after) if after else None,
+        "window_iterations": args.window,
+        "window_loop_s": round(window_loop_s, 2),
+        "close_s": round(time.perf_counter() - t_wait, 2),
+        "analysis_s": round(prof.analysis_seconds or 0.0, 2),
+        "report_iterations": (prof.report or {}).get("iterations", {}).get("count"),
+    }
+    for name in ("always_on", "after_window_analysis_running", "after_window_analysis_done"):
+        r = result[name]
+        if r:
+            print(f"{name:32s} bare {r['bare_ms']:8.3f} ms  hook {r['hook_ms']:8.3f} ms  "
+                  f"ratio {r['ratio_of_means']:.4f} (median pair {r['median_pair_ratio']:.4f}, "
+                  f"{r['pairs']} pairs x {args.block} iterations)")
+    print(f"window loop (iterations 0..{4 + args.window}, incl. profiler start/stop): "
+          f"{result['window_loop_s']} s; analysis off-thread {result['analysis_s']} s; "
+          f"report iterations: {result['report_iterations']}")
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
