@@ -43,7 +43,7 @@ class GpuActivity:
     occupancy: float | None = None  # estimated achieved occupancy, percent
     bytes: int | None = None  # memcpy/memset size
     op: str | None = None  # framework op name when the format names it (tf_op, hlo_op, aten::...)
-    op_type: str | None = None  # op type when known (Conv2D, MatMul, convolution, dot, aten::conv2d)
+    op_type: str | None = None  # op type when known (Conv2D, MatMul, convolution, dot)
 
 
 @dataclass(slots=True)
@@ -59,6 +59,7 @@ class CpuOp:
     input_types: list[str] | None = None
     flops: float | None = None
     stack: list[str] | None = None
+    concrete_inputs: list[Any] | None = None  # scalar arguments (stride, padding, ...) as text
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model import OPTIMIZER, CpuOp, Profile
+from .flops import op_flops
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -42,8 +43,12 @@ def _user_frame(op: CpuOp) -> str | None:
     return None
 
 
-def link_launches(profile: Profile, is_eligible) -> dict[int, LaunchContext]:
-    """Map correlation id -> LaunchContext for every host launch that has one."""
+def link_launches(profile: Profile, is_eligible
+                  ) -> tuple[dict[int, LaunchContext], dict[int, float]]:
+    """Map correlation id -> LaunchContext for every host launch that has one.
+
+    Also returns the FLOPs of each op (index into profile.cpu_ops) some launch ran under.
+    """
     by_tid: dict[int, list[tuple[float, int, int, int]]] = {}
     # entries: (start, -end-order, kind, index); kind 0 = op, 1 = annotation, 2 = runtime call
     for i, op in enumerate(profile.cpu_ops):
@@ -58,6 +63,12 @@ def link_launches(profile: Profile, is_eligible) -> dict[int, LaunchContext]:
             by_tid.setdefault(r.tid, []).append((r.start_us, 0.0, 2, i))
 
     eligible_cache: dict[str, bool] = {}
+    flops_cache: dict[int, float | None] = {}
+
+    def flops_of(i: int) -> float | None:
+        if i not in flops_cache:
+            flops_cache[i] = op_flops(profile.cpu_ops[i])
+        return flops_cache[i]
 
     def eligible(name: str) -> bool:
         v = eligible_cache.get(name)
@@ -100,7 +111,7 @@ def link_launches(profile: Profile, is_eligible) -> dict[int, LaunchContext]:
                         phase = BACKWARD
                 if eligible(name):
                     is_elig = True
-                if op.flops:
+                if flops_of(j):
                     flop_op = j  # the innermost op with FLOPs wins
                 if not name.startswith(_WRAPPER_PREFIXES):
                     if outer is None:
@@ -112,4 +123,4 @@ def link_launches(profile: Profile, is_eligible) -> dict[int, LaunchContext]:
                     source = _user_frame(op)
             out[call.correlation] = LaunchContext(call.start_us, outer, inner, is_elig, phase,
                                                   flop_op, types, source)
-    return out
+    return out, {i: f for i, f in flops_cache.items() if f}

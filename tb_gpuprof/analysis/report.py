@@ -118,7 +118,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
             profile.source, f"no iterations in [{iter_start}, {iter_stop}) "
             f"(the trace has {len(plan.windows)} by {plan.method})")
 
-    launches = link_launches(profile, is_tc_eligible_op)
+    launches, op_flops = link_launches(profile, is_tc_eligible_op)
     win_starts = [w.start_us for w in windows]
 
     def window_of(t: float) -> int | None:
@@ -225,7 +225,8 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                     k["source"] = ctx.source
                 if ctx.flop_op is not None:
                     flop_groups.setdefault(ctx.flop_op, []).append(
-                        (k, dur, cls.tc_capable or cls.uses_tensor_cores))
+                        (k, dur, cls.tc_capable or cls.uses_tensor_cores
+                         or cat in ("gemm", "conv", "attention")))
         busy_cov = _Coverage(busy_iv)
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
@@ -257,8 +258,10 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
 
     # FLOPs recorded on an op go to the math kernels it launched, split by their time.
     for op_idx, group in flop_groups.items():
-        flops = profile.cpu_ops[op_idx].flops or 0.0
-        math = [g for g in group if g[2]] or group
+        flops = op_flops.get(op_idx, 0.0)
+        math = [g for g in group if g[2]]  # casts/copies under a conv op do none of its math
+        if not math:
+            continue
         tot = sum(d for _, d, _ in math) or 1.0
         for k, d, _ in math:
             k["flops"] = (k["flops"] or 0.0) + flops * d / tot

@@ -71,6 +71,7 @@ class _Args(msgspec.Struct):
     # Raw: shapes repeat across iterations; decoded once per distinct text (empty when absent)
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
     flops: float | None = None
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
     name: Any = None  # thread_name / process_name metadata events
@@ -503,13 +504,23 @@ class _ProfileBuilder:
                     types = cached(key, _MISSING)
                     if types is _MISSING:
                         types = decode_new(key)
+                    # stride/padding/... for FLOPs; only math ops need them
+                    if a.concrete and name.startswith(("aten::conv", "aten::_conv",
+                                                       "aten::cudnn_conv")):
+                        key = bytes(a.concrete)
+                        concrete = cached(key, _MISSING)
+                        if concrete is _MISSING:
+                            concrete = decode_new(key)
+                    else:
+                        concrete = None
                 else:
-                    shapes = types = None
+                    shapes = types = concrete = None
                 tid = ev.tid
                 cpu_ops.append(CpuOp(
                     name, ev.ts, ev.dur, tid if type(tid) is int else 0, a.external_id,
                     shapes, types, a.flops,
-                    stacks.from_call_stack(a.call_stack) if a.call_stack else None))
+                    stacks.from_call_stack(a.call_stack) if a.call_stack else None,
+                    concrete))
             elif kind == _PYTHON:
                 name = ev.name
                 user = is_user(name)

@@ -1,0 +1,33 @@
+"""Shared access to the real H200 profiles in tests/data/h200 (analysis cached per session)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+from tb_gpuprof.analysis.report import build_report
+from tb_gpuprof.readers import load_profile
+
+DATA = Path(__file__).parent / "data" / "h200"
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+TRANSFORMER = SHARED / "kineto_transformer_bf16_h200.json.gz"
+JAX_CONV = SHARED / "jax_conv_h200.xplane.pb"
+
+
+@functools.cache
+def profile(case: str):
+    return load_profile(DATA / f"{case}.json.gz")
+
+
+def env(case: str) -> dict:
+    return json.loads((DATA / f"{case}.env.json").read_text())
+
+
+@functools.cache
+def report(case: str, with_env: bool = True) -> dict:
+    return build_report(profile(case), env=env(case) if with_env else None)
+
+
+def rec_ids(rep: dict) -> list[str]:
+    return [r["id"] for r in rep["recommendations"]]
