@@ -32,6 +32,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tb_gpuprof.torch import GpuProfiler
 
 
+def require_store_deps() -> None:
+    """The hook degrades without these (no stored report); a measurement run must not."""
+    for mod in ("msgspec", "tensorboard.compat.proto.event_pb2"):
+        try:
+            __import__(mod)
+        except ImportError as e:
+            sys.exit(f"{os.path.basename(__file__)}: {e}; install tb_gpuprof's dependencies first")
+
+
 def build_model(tiny: bool) -> torch.nn.Module:
     try:
         import torchvision
@@ -100,6 +109,7 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=20, help="iterations per block")
     ap.add_argument("--window", type=int, default=5)
     args = ap.parse_args()
+    require_store_deps()
     if args.tiny:
         args.pairs, args.block = min(args.pairs, 3), min(args.block, 3)
     batch, image = (8, 32) if args.tiny else (256, 224)

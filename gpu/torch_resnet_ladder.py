@@ -25,6 +25,15 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from tb_gpuprof.torch import GpuProfiler
 
+
+def require_store_deps() -> None:
+    """The hook degrades without these (no stored report); a measurement run must not."""
+    for mod in ("msgspec", "tensorboard.compat.proto.event_pb2"):
+        try:
+            __import__(mod)
+        except ImportError as e:
+            sys.exit(f"{os.path.basename(__file__)}: {e}; install tb_gpuprof's dependencies first")
+
 # name -> (tf32, autocast dtype, channels_last)
 CONFIGS = {
     "fp32": (False, None, False),
@@ -153,6 +162,7 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     args = ap.parse_args()
+    require_store_deps()
     args.batch = args.batch or (8 if args.tiny else 256)
     args.image = args.image or (32 if args.tiny else 224)
     if args.tiny:
@@ -163,8 +173,12 @@ def main() -> int:
     for name in args.configs.split(","):
         r = run_config(name, args)
         results.append(r)
+        if r["report_iterations"] is None:
+            print(f"{name:18s} {r['mean_ms']:8.2f} ms/iteration  NO REPORT (see the warnings "
+                  "above)", flush=True)
+            continue
         print(f"{name:18s} {r['mean_ms']:8.2f} ms/iteration  report: {r['report_iterations']} "
-              f"iterations, mean {r['report_mean_ms']} ms, TC {r['tensor_core_pct']}%  "
+              f"iterations, mean {r['report_mean_ms']:.2f} ms, TC {r['tensor_core_pct']}%  "
               f"recommendations: {','.join(r['recommendations']) or '-'}", flush=True)
     meta = {"torch": torch.__version__, "device": args.device, "batch": args.batch,
             "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
