@@ -1,0 +1,222 @@
+"""Plugin routes through TensorBoard's own WSGI app over real event files.
+
+The data provider is TensorBoard's Python loader exactly as `--load_fast=false` builds it
+(LocalDataIngester with default sample sizes); tests/test_plugin_e2e.py runs the Rust one.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+from tensorboard import program
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_ingester
+from tensorboard.plugins.core import core_plugin
+from werkzeug.test import Client
+
+from tb_gpuprof.plugin.loader import GpuProfPluginLoader
+from tests.conftest import WINDOW_COUNT, WINDOW_RUN
+
+PREFIX = "/data/plugin/gpuprof"
+
+
+@pytest.fixture(scope="module")
+def client(gpuprof_logdir):
+    plugins = [core_plugin.CorePluginLoader, GpuProfPluginLoader]
+    tb = program.TensorBoard(plugins=plugins)
+    tb.configure(argv=["tensorboard", "--logdir", str(gpuprof_logdir.path), "--load_fast=false",
+                       "--reload_interval=0", "--reload_task=blocking"])
+    ingester = data_ingester.LocalDataIngester(tb.flags)
+    ingester.start()
+    app = application.TensorBoardWSGIApp(tb.flags, plugins, ingester.data_provider, None,
+                                         ingester.deprecated_multiplexer)
+    return Client(app)
+
+
+def get(client, route, **params):
+    url = f"{PREFIX}{route}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    response = client.get(url)
+    return response.status_code, response
+
+
+def get_json(client, route, **params):
+    status, response = get(client, route, **params)
+    assert response.mimetype == "application/json", (route, response.mimetype)
+    return status, json.loads(response.get_data())
+
+
+def runs_by_name(client):
+    status, body = get_json(client, "/runs")
+    assert status == 200
+    return {r["run"]: r for r in body["runs"]}
+
+
+def test_plugin_is_listed_and_enabled(client):
+    listing = json.loads(client.get("/data/plugins_listing").get_data())
+    entry = listing["gpuprof"]
+    assert entry["enabled"] is True
+    assert entry["tab_name"] == "GPU Prof"
+    assert entry["loading_mechanism"] == {"type": "IFRAME",
+                                          "module_path": f"{PREFIX}/index.js"}
+
+
+def test_runs_lists_every_gpuprof_run_with_its_state(client, gpuprof_logdir):
+    runs = runs_by_name(client)
+    assert list(runs) == sorted(runs)
+    assert set(runs) == {"kineto", "xplane", WINDOW_RUN, "future", "corrupt", "truncated",
+                         "scalars_only", "telemetry", "linked"}
+    steps = {run: [r["step"] for r in runs[run]["reports"]] for run in runs}
+    for (run, step) in gpuprof_logdir.expected:
+        assert step in steps[run], (run, step)
+    assert steps[WINDOW_RUN] == [i * 10 for i in range(WINDOW_COUNT)]
+    assert steps["truncated"] == [1]
+    assert runs["kineto"]["has_trace"] and runs["xplane"]["has_trace"]
+    assert not runs[WINDOW_RUN]["has_trace"]
+    assert runs["kineto"]["scalar_tags"] == ["gpuprof/iteration_time_ms"]
+    assert runs["scalars_only"]["reports"] == [] and runs["scalars_only"]["error"] is None
+    assert runs["telemetry"]["has_telemetry"] and not runs["kineto"]["has_telemetry"]
+    assert "schema_version 99" in runs["future"]["error"]
+    assert "corrupt" in runs["corrupt"]["error"]
+    for good in ("kineto", "xplane", WINDOW_RUN, "truncated", "linked"):
+        assert runs[good]["error"] is None
+
+
+def test_every_report_window_is_reachable(client, gpuprof_logdir):
+    for (run, step), expected in gpuprof_logdir.expected.items():
+        status, body = get_json(client, "/report", run=run, step=step)
+        assert status == 200, (run, step, body)
+        assert body == expected, (run, step)
+    status, latest = get_json(client, "/report", run=WINDOW_RUN)
+    assert latest == gpuprof_logdir.expected[(WINDOW_RUN, (WINDOW_COUNT - 1) * 10)]
+
+
+@pytest.mark.parametrize(("params", "code", "needle"), [
+    ({}, 400, "missing parameter 'run'"),
+    ({"run": "nope"}, 404, "no run named 'nope'"),
+    ({"run": "scalars_only"}, 404, "has no gpuprof report"),
+    ({"run": "kineto", "step": "x"}, 400, "step must be an integer"),
+    ({"run": WINDOW_RUN, "step": "5"}, 404, "no report at step 5"),
+    ({"run": "future"}, 422, "schema_version 99 is newer"),
+    ({"run": "corrupt"}, 422, "corrupt"),
+    ({"run": "../kineto"}, 404, "no run named"),
+])
+def test_report_errors(client, params, code, needle):
+    status, body = get_json(client, "/report", **params)
+    assert status == code
+    assert needle in body["error"] and "\n" not in body["error"]
+
+
+def test_kernels_sort_filter_and_page(client, gpuprof_logdir):
+    report = gpuprof_logdir.expected[("kineto", 3)]
+    kernels = report["kernels"]
+    status, page = get_json(client, "/kernels", run="kineto", limit=5, offset=2)
+    assert status == 200
+    assert page["total"] == len(kernels)
+    assert page["kernels"] == kernels[2:7]  # default: total_us descending, as stored
+
+    _, asc = get_json(client, "/kernels", run="kineto", sort="count", order="asc", limit=1000)
+    counts = [k["count"] for k in asc["kernels"]]
+    assert counts == sorted(counts) and len(counts) == len(kernels)
+
+    _, tc = get_json(client, "/kernels", run="kineto", tc="true", limit=1000)
+    assert tc["total"] == sum(1 for k in kernels if k["uses_tensor_cores"]) > 0
+    assert all(k["uses_tensor_cores"] for k in tc["kernels"])
+
+    category = kernels[0]["category"]
+    _, cat = get_json(client, "/kernels", run="kineto", category=category, limit=1000)
+    assert cat["total"] == sum(1 for k in kernels if k["category"] == category)
+
+    # q matches name, demangled name, ops and source, case-insensitively.
+    needle = "ELEMENTWISE_KERNEL<"
+    _, found = get_json(client, "/kernels", run="kineto", q=needle, limit=1000)
+    expected = [k["name"] for k in kernels
+                if any(needle.lower() in (s or "").lower()
+                       for s in [k["name"], k.get("demangled"), k.get("source"),
+                                 *(k.get("ops") or [])])]
+    assert [k["name"] for k in found["kernels"]] == expected and expected
+
+
+@pytest.mark.parametrize(("params", "needle"), [
+    ({"sort": "no_such_field"}, "sort must be a kernel field"),
+    ({"order": "sideways"}, "order must be asc or desc"),
+    ({"limit": "1001"}, "limit must be between 1 and 1000"),
+    ({"offset": "-1"}, "offset must be at least 0"),
+    ({"tc": "maybe"}, "tc must be true or false"),
+])
+def test_kernels_bad_params(client, params, needle):
+    status, body = get_json(client, "/kernels", run="kineto", **params)
+    assert status == 400 and needle in body["error"]
+
+
+def test_scalars(client):
+    status, body = get_json(client, "/scalars", run=WINDOW_RUN, tag="gpuprof/iteration_time_ms")
+    assert status == 200
+    assert [p[0] for p in body["points"]] == [i * 10 for i in range(WINDOW_COUNT)]
+    status, body = get_json(client, "/scalars", run=WINDOW_RUN, tag="gpuprof/nope")
+    assert status == 404 and "no scalar" in body["error"]
+
+
+def test_compare(client, gpuprof_logdir):
+    status, body = get_json(client, "/compare", runs="kineto,xplane")
+    assert status == 200
+    kin, xla = gpuprof_logdir.expected[("kineto", 3)], gpuprof_logdir.expected[("xplane", 0)]
+    assert [r["run"] for r in body["runs"]] == ["kineto", "xplane"]
+    assert body["runs"][0]["iterations"]["mean_ms"] == kin["iterations"]["mean_ms"]
+    assert body["runs"][1]["top_kernels"] == xla["kernels"][:10]
+    names_k = {k["name"] for k in kin["kernels"]}
+    names_x = {k["name"] for k in xla["kernels"]}
+    statuses = {k["name"]: k["status"] for k in body["kernels"]}
+    for name, st in statuses.items():
+        if name not in names_k:
+            assert st == "appeared"
+        elif name not in names_x:
+            assert st == "vanished"
+    assert set(statuses) == names_k | names_x
+
+    same = get_json(client, "/compare", runs="truncated,linked,xplane")[1]
+    # Three runs holding the same profile's report: nothing moved.
+    assert {k["status"] for k in same["kernels"]} == {"same"}
+    assert get_json(client, "/compare", runs="kineto,kineto")[0] == 400
+    assert get_json(client, "/compare", runs="kineto,nope")[0] == 404
+    assert get_json(client, "/compare", runs="kineto,future")[0] == 422
+
+
+def test_telemetry(client):
+    status, body = get_json(client, "/telemetry", run="telemetry")
+    assert status == 200
+    assert set(body["series"]) == {"gpu0/sm_util_pct", "gpu0/power_w", "gpu1/power_w"}
+    assert [p[2] for p in body["series"]["gpu0/power_w"]] == [600.0 + s for s in range(20)]
+    assert body["topology"] == {"gpus": [{"index": 0, "name": "NVIDIA H200"}]}
+    status, body = get_json(client, "/telemetry", run="kineto")
+    assert status == 200 and body["series"] == {} and body["topology"] is None
+
+
+def test_trace_download_and_containment(client, kineto_trace, gpuprof_logdir):
+    status, response = get(client, "/trace", run="kineto")
+    assert status == 200
+    assert response.get_data() == kineto_trace.read_bytes()
+    assert response.headers["Content-Disposition"] == \
+        f'attachment; filename="{kineto_trace.name}"'
+    status, response = get(client, "/trace", run="kineto", step=3)
+    assert status == 200
+    for params in ({"run": "kineto", "step": "4"}, {"run": WINDOW_RUN},
+                   {"run": "linked"}, {"run": "../linked"}, {"run": "/etc"},
+                   {"run": "kineto/../../.."}):
+        status, response = get(client, "/trace", **params)
+        assert status == 404, params
+        assert gpuprof_logdir.outside_file.read_bytes() not in response.get_data()
+    assert get(client, "/trace", run="kineto", step="../1")[0] == 400
+
+
+def test_static_files_stay_in_the_static_folder(client):
+    status, response = get(client, "/index.js")
+    assert status == 200 and response.mimetype == "text/javascript"
+    body = response.get_data(as_text=True)
+    assert "export" in body and "render" in body
+    for path in ("/../../../etc/passwd", "/static/../plugin.py", "/%2e%2e/plugin.py",
+                 "/static/.hidden", "/nope.js"):
+        assert client.get(PREFIX + path).status_code == 404, path

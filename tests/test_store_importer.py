@@ -1,0 +1,85 @@
+"""`tb-gpuprof import`: real fixture traces become runs; bad names and inputs fail cleanly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tb_gpuprof.store import schema
+from tb_gpuprof.store.reader import event_files, iter_events
+from tests.conftest import run_cli
+
+
+@pytest.mark.parametrize("run", ["kineto", "xplane"])
+def test_imported_run_reports_like_the_trace(imported_logdir, kineto_trace, xplane_trace, run):
+    trace = {"kineto": kineto_trace, "xplane": xplane_trace}[run]
+    from_trace = json.loads(run_cli("report", str(trace), "--format", "json").stdout)
+    from_logdir = json.loads(run_cli("report", str(imported_logdir), "--run", run,
+                                     "--format", "json").stdout)
+    from_run_dir = json.loads(run_cli("report", str(imported_logdir / run),
+                                      "--format", "json").stdout)
+    assert from_logdir == from_trace
+    assert from_run_dir == from_trace
+
+
+def test_import_writes_scalars_report_and_raw_trace(imported_logdir, kineto_trace):
+    run_dir = imported_logdir / "kineto"
+    report = json.loads(run_cli("report", str(kineto_trace), "--format", "json").stdout)
+    items = report["iterations"]["items"]
+    assert items, "the fixture has iterations"
+    last_step = report["iterations"]["range"][1]
+
+    scalars, report_steps = {}, []
+    for path in event_files(str(run_dir)):
+        for event in iter_events(path):
+            for v in event.summary.value:
+                if v.tag == schema.ITERATION_TIME_TAG:
+                    scalars[event.step] = v.simple_value
+                elif schema.parse_report_tag(v.tag):
+                    report_steps.append(event.step)
+    assert report_steps == [last_step]
+    assert sorted(scalars) == [it["step"] for it in items]
+    for it in items:
+        assert scalars[it["step"]] == pytest.approx(it["wall_ms"], rel=1e-6)
+
+    copies = list((run_dir / "plugins" / "gpuprof" / "traces").rglob("*"))
+    files = [p for p in copies if p.is_file()]
+    assert [p.parent.name for p in files] == [f"step_{last_step}"]
+    assert files[0].read_bytes() == kineto_trace.read_bytes()
+
+
+def test_default_run_name_comes_from_the_trace(tmp_path, xplane_trace):
+    out = run_cli("import", str(xplane_trace), "--logdir", str(tmp_path)).stdout
+    assert (tmp_path / "jax_conv_h200").is_dir()
+    assert f"tensorboard --logdir {tmp_path}" in out
+
+
+@pytest.mark.parametrize("run", ["../escape", "/abs/run", "a/../../b", "."])
+def test_run_names_cannot_leave_the_logdir(tmp_path, xplane_trace, run):
+    logdir = tmp_path / "logs"
+    proc = run_cli("import", str(xplane_trace), "--logdir", str(logdir), "--run", run,
+                   check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "invalid run name" in proc.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == []
+
+
+def test_reimport_into_the_same_run_is_refused(tmp_path, xplane_trace):
+    run_cli("import", str(xplane_trace), "--logdir", str(tmp_path), "--run", "r")
+    proc = run_cli("import", str(xplane_trace), "--logdir", str(tmp_path), "--run", "r",
+                   check=False)
+    assert proc.returncode == 2 and "already holds event files" in proc.stderr
+    assert len(event_files(str(tmp_path / "r"))) == 1
+
+
+def test_bad_trace_fails_in_one_line_and_creates_no_run(tmp_path):
+    bad = tmp_path / "broken.json.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    logdir = tmp_path / "logs"
+    proc = run_cli("import", str(bad), "--logdir", str(logdir), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and str(bad) in proc.stderr
+    assert not Path(logdir).exists() or not any(Path(logdir).rglob("*tfevents*"))
