@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 
 from ..errors import TraceReadError, UnknownFormatError
 from ..model import Profile
@@ -35,7 +36,9 @@ def sniff_format(path: str) -> str:
         try:
             with gzip.open(path, "rb") as g:
                 head = g.read(64)
-        except (OSError, EOFError) as e:
+        except EOFError:
+            raise TraceReadError(path, "truncated gzip file (stream ends early)") from None
+        except (OSError, zlib.error) as e:
             raise TraceReadError(path, f"corrupt gzip data: {e}") from None
         if not head:
             raise TraceReadError(path, "empty file (gzip holds no data)")
@@ -43,6 +46,11 @@ def sniff_format(path: str) -> str:
     if stripped[:1] in (b"{", b"["):
         return "kineto"
     name = os.path.basename(path)
+    if name.endswith((".nsys-rep", ".qdrep")):
+        raise UnknownFormatError(
+            path, "an Nsight Systems report; export it first: nsys export --type sqlite FILE")
+    if name.endswith((".sqlite", ".sqlite3", ".db")):
+        raise UnknownFormatError(path, "named like an SQLite export but is not an SQLite file")
     if name.endswith((".xplane.pb", ".pb")) or head[:1] in (b"\x0a", b"\x12", b"\x1a"):
         return "xplane"
     raise UnknownFormatError(

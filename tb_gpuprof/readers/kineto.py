@@ -491,8 +491,8 @@ class _ProfileBuilder:
                 if name is None:  # first sight of this name
                     name = self._learn_op_name(ev.name)
                 if name is _STEP_MARKER:  # older torch: ProfilerStep#N as a cpu_op
-                    annotations.append(
-                        Annotation(ev.name, ev.ts, ev.dur, *classify_annotation(ev.name)))
+                    kind_name, step = classify_annotation(ev.name)
+                    annotations.append(Annotation(ev.name, ev.ts, ev.dur, kind_name, step=step))
                     continue
                 a = ev.args
                 if a.input_dims:
