@@ -1,0 +1,131 @@
+"""Each view of the gpuprof dashboard shows the data the plugin routes answer, in a real
+Chromium against a real TensorBoard over imported real profiles."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import RUN_HOSTILE, RUN_KINETO, RUN_UNREADABLE, RUN_XPLANE, screenshot
+from .dom import column, eventually, fmt_ms, fmt_num, fmt_pct, fmt_us, open_tab, select_run
+
+
+@pytest.mark.parametrize("run", [RUN_KINETO, RUN_XPLANE])
+def test_dashboard_view_shows_the_report(page, server, run) -> None:
+    report = server.route("report", run=run)
+    select_run(page, run)
+    page.wait_for_selector("[data-testid=view-dashboard]")
+    it = report["iterations"]
+    eventually(lambda: page.locator("[data-testid=card-iter] .value").text_content(),
+               fmt_ms(it["mean_ms"]), what="average iteration card")
+    assert page.locator("[data-testid=card-count] .value").text_content() == fmt_num(it["count"])
+    assert page.locator("[data-testid=card-gputime] .value").text_content() == \
+        fmt_us(report["gpu_time_us"])
+    tc = report["tensor_cores"]
+    assert page.locator("[data-testid=card-tc] .value").text_content() == \
+        fmt_pct(tc["tc_kernel_efficiency_pct"])
+
+    top = report["kernels"][:10]
+    assert column(page, "top-kernels", "name") == [k["name"] for k in top]
+    assert column(page, "top-kernels", "count") == [fmt_num(k["count"]) for k in top]
+    assert column(page, "top-kernels", "total_us") == [fmt_us(k["total_us"]) for k in top]
+    assert column(page, "top-kernels", "category") == [k["category"] for k in top]
+    # the full name is the hover text of a (possibly truncated) name cell
+    first = page.locator("[data-testid=top-kernels] tbody td[data-col=name] span").first
+    assert first.get_attribute("title").startswith(top[0]["name"])
+
+    pie_rows = page.locator("[data-testid=tc-table] tr").all_text_contents()
+    assert fmt_pct(tc["tc_pct"]) in pie_rows[0] and fmt_pct(tc["memory_pct"]) in pie_rows[3]
+    for chart in ("iter-chart", "tc-pie", "breakdown-chart"):
+        assert page.locator(f"[data-testid={chart}] canvas").count() >= 1, chart
+
+    recs = report["recommendations"]
+    cards = page.locator("[data-testid=recommendation]")
+    assert cards.count() == len(recs)
+    for i, rec in enumerate(recs):
+        card = cards.nth(i)
+        assert card.locator("h3").text_content() == rec["title"]
+        assert rec["problem"] in card.text_content()
+        for key, label in (("pytorch", "PyTorch"), ("keras", "Keras"), ("jax", "JAX")):
+            if rec["fix"].get(key):
+                card.get_by_role("tab", name=label).click()
+                assert card.locator("[data-testid=fix]").text_content() == rec["fix"][key]
+
+    system = page.locator("[data-testid=system]").text_content()
+    assert report["system"]["gpu_name"] in system
+    screenshot(page, f"dashboard-{run}")
+
+
+def test_iterations_view_has_one_bar_group_per_iteration(page, server) -> None:
+    report = server.route("report", run=RUN_KINETO)
+    items = report["iterations"]["items"]
+    select_run(page, RUN_KINETO)
+    open_tab(page, "iterations")
+    page.wait_for_selector("[data-testid=iterations-table]")
+    rows = page.locator("[data-testid=iterations-table] tbody tr")
+    assert rows.count() == len(items)
+    for i, item in enumerate(items):
+        cells = rows.nth(i).locator("td").all_text_contents()
+        assert cells[1] == fmt_ms(item["wall_ms"])
+        assert cells[3] == fmt_ms(item["breakdown_ms"]["tc_compute"])
+        assert cells[-1] == fmt_ms(item["breakdown_ms"]["idle"])
+    assert page.locator("[data-testid=iterations-chart] canvas").count() >= 1
+    screenshot(page, "iterations")
+
+
+def test_gpu_view_plots_telemetry_and_topology(page, server) -> None:
+    tel = server.route("telemetry", run=RUN_KINETO)
+    assert tel["series"], "the fixture run should hold NVML scalars"
+    select_run(page, RUN_KINETO)
+    open_tab(page, "gpu")
+    page.wait_for_selector("[data-testid=view-gpu]")
+    metrics = sorted({key.split("/", 1)[1] for key in tel["series"]})
+    for metric in metrics:
+        assert page.locator(f'[data-testid="telemetry-{metric}"] canvas').count() >= 1, metric
+    topo = tel["topology"]
+    head = page.locator("[data-testid=topology] thead th").all_text_contents()
+    assert head[1:1 + len(topo["labels"])] == topo["labels"]
+    first_row = page.locator("[data-testid=topology] tbody tr").first.locator("td")
+    assert first_row.all_text_contents()[:len(topo["matrix"][0])] == topo["matrix"][0]
+    screenshot(page, "gpu")
+
+    select_run(page, RUN_XPLANE)
+    eventually(lambda: page.locator("[data-testid=empty]").all_text_contents(),
+               check=lambda t: "no NVML telemetry recorded for this run" in t,
+               what="empty telemetry state")
+
+
+def test_unreadable_report_is_a_clear_message_and_other_runs_still_work(page, server) -> None:
+    status, body = server.route_status("report", run=RUN_UNREADABLE)
+    assert status == 422
+    select_run(page, RUN_UNREADABLE)
+    box = page.locator("[data-testid=error]").first
+    eventually(lambda: box.text_content() if box.count() else "",
+               check=lambda t: body["error"] in t, what="error box")
+    screenshot(page, "unreadable")
+    select_run(page, RUN_HOSTILE)
+    page.wait_for_selector("[data-testid=top-kernels]")
+    assert page.locator("[data-testid=error]").count() == 0
+
+
+def test_window_selector_lists_each_report_step(page, server) -> None:
+    runs = {r["run"]: r for r in server.route("runs")["runs"]}
+    for name, run in runs.items():
+        select_run(page, name)
+        steps = {r["step"] for r in run["reports"]}
+        selector = page.locator("[data-testid=step-select]")
+        if len(steps) > 1:
+            eventually(lambda s=selector: s.count(), 1, what=f"window selector of {name}")
+        else:
+            assert selector.count() == 0
+
+
+def test_dark_mode_follows_the_system_setting(browser, server) -> None:
+    context = browser.new_context(color_scheme="dark", viewport={"width": 1440, "height": 900})
+    try:
+        pg = context.new_page()
+        pg.goto(server.plugin_url)
+        pg.wait_for_selector("[data-testid=view-dashboard]")
+        assert "dark" in pg.locator("[data-testid=gpuprof-root]").get_attribute("class").split()
+        screenshot(pg, "dashboard-dark")
+    finally:
+        context.close()
