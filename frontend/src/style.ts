@@ -18,7 +18,7 @@ body { margin: 0; background: #fff; }
 body.gp-dark-body { background: #303030; }
 .gp *, .gp *::before, .gp *::after { box-sizing: inherit; }
 .gp header { display: flex; flex-wrap: wrap; align-items: center; gap: 12px; padding: 8px 16px;
-  border-bottom: 1px solid var(--border); background: var(--panel); position: sticky; top: 0; z-index: 5; }
+  border-bottom: 1px solid var(--border); background: var(--panel); }
 .gp header label { color: var(--muted); font-size: 13px; display: flex; gap: 6px; align-items: center; }
 .gp select, .gp input[type=search], .gp button { font: inherit; font-size: 13px; color: var(--fg);
   background: var(--bg); border: 1px solid var(--border); border-radius: 4px; padding: 4px 8px; }

@@ -21,11 +21,10 @@ const num = (v: unknown): number | null => (typeof v === "number" && Number.isFi
 
 /** GPU utilization: NVML's average when a hook sampled it, else GPU-busy time over wall time. */
 export function gpuUtilization(report: Report): { value: number | null; how: string } {
-  const t = report.telemetry ?? {};
-  for (const key of ["gpu_util_pct", "utilization_pct", "gpu_utilization_pct", "util_pct"]) {
-    const v = num((t as Record<string, unknown>)[key]);
-    if (v !== null) return { value: v, how: "NVML average" };
-  }
+  // report.telemetry.gpus[].mean.sm_util_pct: NVML's "GPU utilization" averaged over the window
+  const gpus = (report.telemetry as { gpus?: { mean?: Record<string, unknown> }[] } | null)?.gpus;
+  const utils = (Array.isArray(gpus) ? gpus : []).map((g) => num(g.mean?.sm_util_pct)).filter((v): v is number => v !== null);
+  if (utils.length) return { value: utils.reduce((a, b) => a + b, 0) / utils.length, how: `NVML average${utils.length > 1 ? ` of ${utils.length} GPUs` : ""}` };
   const b = report.breakdown ?? {};
   const busy = num(b.gpu_busy_us);
   const wall = num(b.wall_us);
@@ -37,7 +36,8 @@ function SummaryCards({ report }: { report: Report }) {
   const it = report.iterations ?? {};
   const util = gpuUtilization(report);
   const tc = report.tensor_cores ?? {};
-  const range = it.range ? `steps ${it.range[0]}–${it.range[1]}` : it.method ? `by ${it.method}` : "";
+  const numbered = (it.items ?? []).some((i) => i.step !== null && i.step !== undefined);
+  const range = [it.range && numbered ? `steps ${it.range[0]}–${it.range[1]}` : "", it.method ? `by ${it.method}` : ""].filter(Boolean).join(" · ");
   return (
     <div class="cards" data-testid="summary-cards">
       <Card testId="card-iter" label="Avg iteration time" value={fmtMs(it.mean_ms)} sub={`median ${fmtMs(it.median_ms)} · p95 ${fmtMs(it.p95_ms)}`} />
@@ -56,14 +56,16 @@ function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; d
   const range = report.iterations?.range;
   const option = useMemo(() => {
     const fromScalars = scalars.data?.points?.length ? scalars.data.points.map((p) => [p[0], p[2]]) : null;
-    const data = fromScalars ?? items.filter((i) => i.step !== null).map((i) => [i.step, i.wall_ms]);
-    const markArea = range
+    // Without scalars the chart is the profiled window itself: no band to mark; unnumbered
+    // iterations are counted from 1.
+    const data = fromScalars ?? items.map((it, i) => [it.step ?? i + 1, it.wall_ms]);
+    const markArea = fromScalars && range
       ? { silent: true, itemStyle: { color: "rgba(245,124,0,0.15)" }, label: { show: true, position: "insideTop", color: COLORS.tc, formatter: () => "profiled" }, data: [[{ xAxis: range[0] }, { xAxis: range[1] }]] }
       : undefined;
     return {
       grid: { left: 56, right: 16, top: 24, bottom: 40 },
       tooltip: { trigger: "axis", valueFormatter: (v: number) => fmtMs(v) },
-      xAxis: { type: "value", name: "step", nameLocation: "middle", nameGap: 26, min: "dataMin", max: "dataMax" },
+      xAxis: { type: "value", name: fromScalars ? "step" : "iteration", nameLocation: "middle", nameGap: 26, min: "dataMin", max: "dataMax", minInterval: 1 },
       yAxis: { type: "value", name: "ms", scale: true },
       dataZoom: [{ type: "inside" }],
       series: [{ type: "line", name: "iteration time", data, showSymbol: data.length < 60, color: COLORS.nonTc, markArea }],
@@ -71,7 +73,7 @@ function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; d
   }, [scalars.data, items, range]);
   if (hasScalars && scalars.error) return <ErrorBox what="iteration-time scalars" error={scalars.error} />;
   if (hasScalars && scalars.loading && !scalars.data) return <Loading />;
-  if (!hasScalars && !items.some((i) => i.step !== null)) return <Empty>no iteration-time scalars recorded for this run</Empty>;
+  if (!hasScalars && !items.length) return <Empty>no iteration times recorded for this run</Empty>;
   return (
     <>
       {!hasScalars ? <div class="muted">no {ITER_TAG} scalars recorded; showing the profiled iterations</div> : null}
@@ -191,7 +193,7 @@ function RecommendationCard({ rec, preferred }: { rec: Recommendation; preferred
 const SYSTEM_LABELS: Record<string, string> = {
   gpu_name: "GPU", compute_capability: "Compute capability", num_sms: "SMs", gpu_memory_bytes: "GPU memory",
   cuda_runtime: "CUDA runtime", cuda_driver: "CUDA driver", driver_version: "Driver", cudnn: "cuDNN", cudnn_version: "cuDNN",
-  framework: "Framework", framework_version: "Framework version",
+  framework: "Framework", framework_version: "Framework version", gpu_count: "GPUs",
 };
 
 export function systemRows(system: Record<string, unknown>): [string, string][] {
