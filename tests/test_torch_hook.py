@@ -306,3 +306,26 @@ def test_tf32_flags_read_the_real_legacy_switches():
     assert flags["allow_tf32_cudnn"] is bool(torch.backends.cudnn.allow_tf32)
     assert flags["float32_matmul_precision"] == torch.get_float32_matmul_precision()
     assert cudnn_version_string(91002) == "9.10.2" and cudnn_version_string(8902) == "8.9.2"
+
+
+def test_each_rank_writes_its_own_files_and_only_rank_0_the_summary(tmp_path, monkeypatch):
+    import os
+
+    run = str(tmp_path / "ddp")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with GpuProfiler(run, iter_start=1, iter_stop=3) as prof:
+            train(prof, tiny_cnn(), batches(4))
+        assert prof.env["distributed"] == {"rank": rank, "world_size": 2, "backend": None}
+    files = {os.path.basename(p): p for p in event_files(run)}
+    assert sorted(n.rsplit(".", 1)[-1] for n in files) == ["rank0", "rank1"]
+    summaries = {}
+    for name, path in files.items():
+        for event in iter_events(path):
+            for v in event.summary.value:
+                if v.tag == "gpuprof/run_summary":
+                    summaries[name] = v
+    assert list(summaries) == [n for n in files if n.endswith("rank0")]
+    traces = sorted(os.listdir(os.path.join(run, "plugins", "gpuprof", "traces")))
+    assert traces == ["step_2", "step_2.rank1"]
