@@ -34,8 +34,12 @@ from tb_gpuprof.nvml.replay import (
 )
 
 
-def matmul_load(stop: threading.Event, info: dict) -> None:
-    """bf16 8192^3 products until told to stop; syncs every 10 so the queue stays short."""
+def matmul_load(stop: threading.Event, running: threading.Event, info: dict) -> None:
+    """bf16 8192^3 products until told to stop; syncs every 10 so the queue stays short.
+
+    Sets ``running`` once the first batch finished, so the "load" phase starts under load
+    (torch import and CUDA context creation take seconds).
+    """
     try:
         import torch
 
@@ -47,6 +51,7 @@ def matmul_load(stop: threading.Event, info: dict) -> None:
             for _ in range(10):
                 a @ b
             torch.cuda.synchronize()
+            running.set()
             n += 10
         dt = time.perf_counter() - t0
         info.update(matmuls=n, seconds=round(dt, 3),
@@ -55,6 +60,8 @@ def matmul_load(stop: threading.Event, info: dict) -> None:
                     memory_reserved_mib=round(torch.cuda.memory_reserved() / 2**20, 1))
     except Exception as e:  # record the failure rather than lose the idle samples
         info["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        running.set()
 
 
 def run(cmd: list[str], timeout: float = 60) -> str:
@@ -82,7 +89,8 @@ def main() -> int:
     ticks: list[dict] = []
     load_info: dict = {}
     stop = threading.Event()
-    loader = threading.Thread(target=matmul_load, args=(stop, load_info), daemon=True)
+    running = threading.Event()
+    loader = threading.Thread(target=matmul_load, args=(stop, running, load_info), daemon=True)
     dmon_proc = None
     dmon_text = ""
     t0 = time.monotonic()
@@ -92,7 +100,7 @@ def main() -> int:
     for phase, seconds in phases:
         if phase == "load":
             loader.start()
-            time.sleep(1.0)  # let torch create its context and reach steady state
+            running.wait(timeout=120)
             try:
                 dmon_proc = subprocess.Popen(["nvidia-smi", "dmon", "-c", "5"],
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
