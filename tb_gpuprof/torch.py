@@ -324,7 +324,7 @@ class GpuProfiler:
             try:
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
-                rec.ev_start = self._ev_ready or self._ev_last
+                rec.ev_start = self._ev_ready if self._ev_ready is not None else self._ev_last
                 rec.ev_end = self._ev_last = ev
             except Exception as e:
                 self._fail("cuda_timing", e)
