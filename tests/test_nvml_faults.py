@@ -229,3 +229,15 @@ def test_dmon_prints_header_and_rows_and_records_a_run(fake, tmp_path) -> None:
     assert scalars["gpuprof/gpu1/power_w"][0][1] == pytest.approx(350.0)
     topo = blobs["gpuprof/topology"]
     assert topo["labels"] == ["GPU0", "GPU1"] and topo["job_nvml_indices"] == [0, 1]
+
+
+def test_old_binding_without_a_function_retires_only_that_field(fake, monkeypatch) -> None:
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons")
+    sampler = NvmlSampler(cuda_visible_devices="0")
+    assert sampler.open()
+    for _ in range(3):
+        samples = sampler.sample_once()
+    assert samples[0].clock_events is None and samples[0].values["power_w"] == 350
+    assert sampler.unsupported[0]["clock_event_reasons"] == "FUNCTION_NOT_FOUND"
+    assert sampler.warnings == []
+    sampler.stop()

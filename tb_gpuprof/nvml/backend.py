@@ -161,7 +161,7 @@ class NvmlBackend:
                 pass
             try:
                 info.gpm_supported = bool(nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice)
-            except nv.NVMLError:
+            except (nv.NVMLError, AttributeError):
                 info.gpm_supported = False
             self._handles[info.uuid] = h
             self._infos[info.uuid] = info
@@ -217,6 +217,8 @@ class NvmlBackend:
                 if code == "GPU_IS_LOST":
                     raise GpuLostError(uuid) from None
                 out[field] = FieldError(code)
+            except AttributeError:  # an older nvidia-ml-py without this function
+                out[field] = FieldError("FUNCTION_NOT_FOUND")
         return out
 
     def _call(self, field: str, h: Any) -> Any:
@@ -294,6 +296,8 @@ class NvmlBackend:
             if code == "GPU_IS_LOST":
                 raise GpuLostError(uuid) from None
             return {metric_id: FieldError(code) for metric_id in metric_ids}
+        except AttributeError:  # an nvidia-ml-py without GPM
+            return {metric_id: FieldError("FUNCTION_NOT_FOUND") for metric_id in metric_ids}
         out: dict[int, Any] = {}
         for i, metric_id in enumerate(metric_ids):
             m = mg.metrics[i]
