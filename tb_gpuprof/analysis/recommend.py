@@ -293,19 +293,19 @@ RULES: list[Callable[[dict[str, Any]], dict[str, Any] | None]] = [
 
 def _extra_rules(report: dict[str, Any]) -> list[dict[str, Any]]:
     """NVML- and distributed-based rules live next to their data; use them when present."""
-    out: list[dict[str, Any]] = []
-    if report.get("telemetry"):
-        try:
-            from ..nvml.advice import telemetry_recommendations
-        except ImportError:
-            return out
-        out.extend(telemetry_recommendations(report))
-    return out
+    telemetry = report.get("telemetry")
+    if not telemetry:
+        return []
+    from ..nvml.advice import nvml_recommendations
+
+    return nvml_recommendations(telemetry, telemetry.get("topology"))
 
 
 def recommend(report: dict[str, Any]) -> list[dict[str, Any]]:
     recs = [r for r in (rule(report) for rule in RULES) if r is not None]
     seen = {r["id"] for r in recs}
+    if "input_pipeline" in seen:
+        seen.add("batch_size")  # a bigger batch would only wait longer for its data
     recs.extend(r for r in _extra_rules(report) if r["id"] not in seen)
     recs.sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
                              SEVERITY_ORDER.get(r["severity"], 3)))
