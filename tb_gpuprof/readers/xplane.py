@@ -83,6 +83,24 @@ _DETAIL_INT = re.compile(r"(?:num_bytes|size|bytes):(\d+)")
 _HLO_OPCODE = re.compile(r"=\s*\S+\s+([\w-]+)\(")  # "%x = f32[2]{0} convolution(...)"
 _HLO_SUFFIX = re.compile(r"[._]\d+$")
 _DIM = re.compile(r"^(\d+),(\d+),(\d+)$")
+_U64 = 1 << 64
+_I64_SIGN = 1 << 63
+# stats the reader looks at; all others are skipped by length
+GPU_STATS = frozenset({
+    "correlation_id", "kernel_details", "memcpy_details", "Memset_details", "memset_details",
+    "memalloc_details", "MemFree_details", "memfree_details", "MemoryResidency_details",
+    "tf_op", "hlo_op", "hlo_category", "long_name", "name", "theoretical_occupancy_pct",
+    "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z", "grid_dim_x",
+    "grid_dim_y", "grid_dim_z", "block_dim_x", "block_dim_y", "block_dim_z",
+    "registers_per_thread", "regs", "static_shared_memory_usage", "static_shared",
+    "dynamic_shared_memory_usage", "dynamic_shared", "occ_pct",
+})
+HOST_STATS = frozenset({"step_num", "correlation_id"})
+_NOT_GPU_WORK = frozenset({"memalloc_details", "MemFree_details", "memfree_details",
+                           "MemoryResidency_details"})
+_MEMCPY_PREFIXES = ("Memcpy", "memcpy")
+_MEMSET_PREFIXES = ("Memset", "memset")
+_NO_MD = ("", "", 0, 0)
 
 # host event categories (cached per event-metadata id)
 _SKIP, _USER, _CPU_OP, _RUNTIME, _STEP_NAMED, _WEAK = range(6)
@@ -160,53 +178,94 @@ def _event_metadata(buf: bytes, plane: _Plane) -> dict[int, tuple[str, str, int,
     return md
 
 
+def _stat_value(buf: bytes, q: int, e: int, names: dict[int, str]) -> Any:
+    """The value of an XStat whose fields from ``q`` to ``e`` follow its metadata_id."""
+    val: Any = None
+    while q < e:
+        k = buf[q]
+        q += 1
+        if k == 0x38:  # ref_value: the name of another stat metadata entry
+            v, q = read_varint(buf, q, e)
+            val = names.get(v, "")
+        elif k == 0x18:  # uint64_value
+            val, q = read_varint(buf, q, e)
+        elif k == 0x20:  # int64_value
+            v, q = read_varint(buf, q, e)
+            val = v - _U64 if v >= _I64_SIGN else v
+        elif k == 0x11:  # double_value
+            val, q = read_double(buf, q, e)
+        elif k == 0x2A:  # str_value
+            a, q = read_length(buf, q, e)
+            val = decode_str(buf, a, q)
+        elif k == 0x32:  # bytes_value
+            a, q = read_length(buf, q, e)
+            val = bytes(buf[a:q])
+        else:
+            _f, wire, q = read_tag(buf, q - 1, e)
+            q = skip_value(buf, wire, q, e)
+    return val
+
+
 def _decode_stat(buf: bytes, s: int, e: int, names: dict[int, str]) -> tuple[str, Any]:
     """One XStat -> (stat name, value); ref values resolve to the referenced name."""
     mid = 0
     val: Any = None
     q = s
-    while q < e:
-        k = buf[q]
-        q += 1
-        if k == 0x08:
-            mid, q = read_varint(buf, q, e)
-        elif k == 0x11:
-            val, q = read_double(buf, q, e)
-        elif k == 0x18:
-            val, q = read_varint(buf, q, e)
-        elif k == 0x20:
-            v, q = read_varint(buf, q, e)
-            val = to_int64(v)
-        elif k == 0x2A:
-            a, q = read_length(buf, q, e)
-            val = decode_str(buf, a, q)
-        elif k == 0x32:
-            a, q = read_length(buf, q, e)
-            val = bytes(buf[a:q])
-        elif k == 0x38:
-            v, q = read_varint(buf, q, e)
-            val = names.get(v, "")
-        else:
-            _f, wire, q = read_tag(buf, q - 1, e)
-            q = skip_value(buf, wire, q, e)
+    while q < e:  # metadata_id may come anywhere; every other field is the value
+        if buf[q] == 0x08:
+            mid, q = read_varint(buf, q + 1, e)
+            continue
+        _f, wire, nq = read_tag(buf, q, e)
+        nq = skip_value(buf, wire, nq, e)
+        val = _stat_value(buf, q, nq, names)
+        q = nq
     return names.get(mid, f"#{mid}"), val
 
 
-def _decode_stats(buf: bytes, s: int, e: int, stats_field: int,
-                  names: dict[int, str]) -> dict[str, Any]:
-    """All XStat sub-messages (field ``stats_field``) of the message in [s, e)."""
+def _decode_stats(buf: bytes, s: int, e: int, stats_field: int, names: dict[int, str],
+                  wanted: dict[int, str] | None = None) -> dict[str, Any]:
+    """XStat sub-messages (field ``stats_field``) of the message in [s, e) -> {name: value}.
+
+    With ``wanted`` (metadata id -> name), only those stats are decoded: the others are
+    skipped by length after reading their id. Ref values (the common case for strings such
+    as kernel_details or hlo_op) are decoded inline.
+    """
     out: dict[str, Any] = {}
     tag = (stats_field << 3) | LEN
     p = s
     while p < e:
-        k = buf[p]
-        if k == tag:
-            a, p = read_length(buf, p + 1, e)
-            name, val = _decode_stat(buf, a, p, names)
-            out[name] = val
-        else:
+        if buf[p] != tag:
             _f, wire, p = read_tag(buf, p, e)
             p = skip_value(buf, wire, p, e)
+            continue
+        p += 1
+        if p < e and buf[p] < 0x80:  # stats are short: a one-byte length
+            a = p + 1
+            p = a + buf[p]
+            if p > e:
+                raise TruncatedError(f"XStat at offset {a} runs past the end of its event")
+        else:
+            a, p = read_length(buf, p, e)
+        if a < p and buf[a] == 0x08:  # metadata_id first, as every writer serializes it
+            q = a + 1
+            if q < p and buf[q] < 0x80:
+                mid = buf[q]
+                q += 1
+            else:
+                mid, q = read_varint(buf, q, p)
+            name = names.get(mid, f"#{mid}") if wanted is None else wanted.get(mid)
+            if name is None:
+                continue
+            if q + 2 == p and buf[q] == 0x38 and buf[q + 1] < 0x80:  # one-byte ref
+                out[name] = names.get(buf[q + 1], "")
+            elif q + 3 == p and buf[q] == 0x38 and buf[q + 2] < 0x80:  # two-byte ref
+                out[name] = names.get((buf[q + 1] & 0x7F) | (buf[q + 2] << 7), "")
+            else:
+                out[name] = _stat_value(buf, q, p, names)
+        else:
+            name, val = _decode_stat(buf, a, p, names)
+            if wanted is None or name in wanted.values():
+                out[name] = val
     return out
 
 
@@ -226,10 +285,13 @@ def _line_header(buf: bytes, start: int, end: int) -> tuple[int, str, int]:
 
 
 def _events(buf: bytes, start: int, end: int):
-    """Yield (metadata_id, offset_ps, duration_ps, ev_start, ev_end, has_stats) per timed event.
+    """Yield (metadata_id, offset_ps, duration_ps, stats_start, ev_end) per timed event.
 
-    The hot loop: one-byte tags of XEvent are matched directly; aggregated events
-    (``num_occurrences`` instead of ``offset_ps``) have no place on a timeline and are skipped.
+    The hot loop: one-byte tags and short lengths are handled inline. Writers serialize
+    fields in number order, so once id, offset and duration are seen the rest of the event
+    is its stats: ``stats_start`` is where they begin (== ``ev_end`` when there are none).
+    Aggregated events (``num_occurrences`` instead of ``offset_ps``) have no place on a
+    timeline and are skipped.
     """
     pos = start
     while pos < end:
@@ -237,31 +299,54 @@ def _events(buf: bytes, start: int, end: int):
             _f, wire, pos = read_tag(buf, pos, end)
             pos = skip_value(buf, wire, pos, end)
             continue
-        es, ee = read_length(buf, pos + 1, end)
+        pos += 1
+        if pos + 1 < end and buf[pos] < 0x80:
+            es = pos + 1
+            ee = es + buf[pos]
+        elif pos + 2 < end and buf[pos + 1] < 0x80:
+            es = pos + 2
+            ee = es + ((buf[pos] & 0x7F) | (buf[pos + 1] << 7))
+        else:
+            es, ee = read_length(buf, pos, end)
+        if ee > end:
+            raise TruncatedError(f"XEvent at offset {es} runs past the end of its line")
         pos = ee
         mid = off = dur = 0
-        has_stats = timed = False
+        seen = 0  # bit 1 id, 2 offset, 4 duration
+        stats_at = -1
         p = es
         while p < ee:
             k = buf[p]
-            p += 1
             if k == 0x22:
-                has_stats = True
-                p = read_length(buf, p, ee)[1]
+                if stats_at < 0:
+                    stats_at = p
+                if seen == 7:
+                    break
+                p = read_length(buf, p + 1, ee)[1]
+                continue
+            p += 1
+            if k == 0x08:
+                if p < ee and buf[p] < 0x80:
+                    mid = buf[p]
+                    p += 1
+                else:
+                    mid, p = read_varint(buf, p, ee)
+                seen |= 1
             elif k == 0x10:
                 off, p = read_varint(buf, p, ee)
-                timed = True
+                seen |= 2
             elif k == 0x18:
                 dur, p = read_varint(buf, p, ee)
-            elif k == 0x08:
-                mid, p = read_varint(buf, p, ee)
+                seen |= 4
             else:
                 _f, wire, p = read_tag(buf, p - 1, ee)
                 p = skip_value(buf, wire, p, ee)
-        if timed:
-            if dur >= 1 << 63:
+        if seen & 2:
+            if off >= _I64_SIGN:
+                off -= _U64
+            if dur >= _I64_SIGN:
                 dur = 0
-            yield to_int64(mid), to_int64(off), dur, es, ee, has_stats
+            yield mid, off, dur, (stats_at if stats_at >= 0 else ee), ee
 
 
 def _dims(v: Any) -> tuple[int, int, int] | None:
@@ -365,6 +450,7 @@ class _Reader:
         self.weak_steps: dict[str, list[Annotation]] = {}
         self.gpu_steps: list[Annotation] = []
         self.skipped_lines: set[str] = set()
+        self.named_planes = 0  # once a plane parsed, bad bytes are corruption, not another format
 
     # -- top level ---------------------------------------------------------------------
     def read(self) -> Profile:
@@ -379,8 +465,11 @@ class _Reader:
                     planes.append((a, b))
                 else:
                     lists[field].append(decode_str(buf, a, b))
-        scanned = [_scan_plane(buf, a, b) for a, b in planes]
-        if not any(p.name for p in scanned):
+        scanned = []
+        for a, b in planes:
+            scanned.append(_scan_plane(buf, a, b))
+            self.named_planes += bool(scanned[-1].name)
+        if not self.named_planes:
             raise _not_xspace(self.path, "it holds no named XPlane planes")
         md["hostnames"] = lists[4]
         if lists[2]:
@@ -439,6 +528,9 @@ class _Reader:
         op_lines: list[tuple[int, int, int]] = []
         first = len(out)
         kd_cache = self.kd_cache
+        wanted = {mid: n for mid, n in names.items() if n in GPU_STATS}
+        op_cache: dict[tuple, tuple[str | None, str | None]] = {}
+        num_sms = info.num_sms
         for ls, le in p.lines:
             _lid, lname, ts_ns = _line_header(buf, ls, le)
             m = _STREAM_LINE.match(lname)
@@ -452,24 +544,28 @@ class _Reader:
                 continue
             stream = int(m[1])
             base_ps = ts_ns * 1000
-            for mid, off, dur, es, ee, has_stats in _events(buf, ls, le):
-                name = emd.get(mid, ("",))[0]
-                st = _decode_stats(buf, es, ee, 4, names) if has_stats else {}
-                if "memcpy_details" in st or name.startswith(("Memcpy", "memcpy")):
+            for mid, off, dur, ss, ee in _events(buf, ls, le):
+                name = emd.get(mid, _NO_MD)[0]
+                st = _decode_stats(buf, ss, ee, 4, names, wanted) if ss < ee else {}
+                details = None
+                if "kernel_details" in st:
+                    kind = KERNEL
+                elif "memcpy_details" in st or name.startswith(_MEMCPY_PREFIXES):
                     kind, details = MEMCPY, st.get("memcpy_details")
                 elif "Memset_details" in st or "memset_details" in st or name.startswith(
-                        ("Memset", "memset")):
+                        _MEMSET_PREFIXES):
                     kind, details = MEMSET, st.get("Memset_details", st.get("memset_details"))
-                elif any(k.endswith("_details") and k != "kernel_details" for k in st):
+                elif not _NOT_GPU_WORK.isdisjoint(st):
                     continue  # memalloc / free / residency records are not GPU work
                 else:
-                    kind, details = KERNEL, None
+                    kind = KERNEL
+                key = (st.get("hlo_op"), st.get("tf_op"), st.get("name"),
+                       st.get("hlo_category"), st.get("long_name"))
+                ops = op_cache.get(key)
+                if ops is None:
+                    ops = op_cache[key] = _op_of(st)
                 corr = st.get("correlation_id")
-                op, op_type = _op_of(st)
-                act = GpuActivity(kind=kind, name=name, start_us=(base_ps + off) / 1e6,
-                                  dur_us=dur / 1e6, device=dev, stream=stream,
-                                  correlation=corr if isinstance(corr, int) else None,
-                                  op=op, op_type=op_type)
+                grid = block = regs = shared = occ = per_sm = nbytes = None
                 if kind == KERNEL:
                     kd = st.get("kernel_details")
                     if isinstance(kd, str) and kd:
@@ -478,17 +574,21 @@ class _Reader:
                             launch = kd_cache[kd] = parse_kernel_details(kd)
                     else:
                         launch = _separate_launch_stats(st)
-                    act.grid, act.block, act.registers, act.shared_mem, act.occupancy = launch
-                    if act.occupancy is None:
-                        occ = st.get("theoretical_occupancy_pct")
-                        act.occupancy = float(occ) if isinstance(occ, int | float) else None
-                    if act.grid and info.num_sms:
-                        g = act.grid
-                        act.blocks_per_sm = g[0] * g[1] * g[2] / info.num_sms
+                    grid, block, regs, shared, occ = launch
+                    if occ is None:
+                        t = st.get("theoretical_occupancy_pct")
+                        occ = float(t) if isinstance(t, int | float) else None
+                    if grid and num_sms:
+                        per_sm = grid[0] * grid[1] * grid[2] / num_sms
                 elif isinstance(details, str):
                     mb = _DETAIL_INT.search(details)
-                    act.bytes = int(mb[1]) if mb else None
-                out.append(act)
+                    nbytes = int(mb[1]) if mb else None
+                out.append(GpuActivity(
+                    kind=kind, name=name, start_us=(base_ps + off) / 1e6, dur_us=dur / 1e6,
+                    device=dev, stream=stream,
+                    correlation=corr if isinstance(corr, int) else None, grid=grid,
+                    block=block, registers=regs, shared_mem=shared, blocks_per_sm=per_sm,
+                    occupancy=occ, bytes=nbytes, op=ops[0], op_type=ops[1]))
         if op_lines:
             self.name_kernels_from_op_lines(emd, names, op_lines, out, first)
 
@@ -497,7 +597,7 @@ class _Reader:
         buf = self.buf
         spans: list[tuple[float, float, str, str | None]] = []
         for ls, le, ts_ns in op_lines:
-            for mid, off, dur, _es, _ee, _h in _events(buf, ls, le):
+            for mid, off, dur, _ss, _ee in _events(buf, ls, le):
                 name, display, ms, me = emd.get(mid, ("", "", 0, 0))
                 st = _decode_stats(buf, ms, me, 5, names) if me > ms else {}
                 op, op_type = _op_of({"tf_op": name, **st}) if ":" in name else (
@@ -518,7 +618,7 @@ class _Reader:
                 act.op, act.op_type = spans[i][2], spans[i][3]
 
     def read_gpu_steps(self, emd, ls: int, le: int, ts_ns: int) -> None:
-        for mid, off, dur, _es, _ee, _h in _events(self.buf, ls, le):
+        for mid, off, dur, _ss, _ee in _events(self.buf, ls, le):
             name = emd.get(mid, ("",))[0]
             self.gpu_steps.append(Annotation(
                 name=name, start_us=(ts_ns * 1000 + off) / 1e6, dur_us=dur / 1e6, kind=STEP,
@@ -532,12 +632,13 @@ class _Reader:
         emd = _event_metadata(buf, p)
         cats: dict[int, tuple[int, str, int | None]] = {}
         is_tf = any(md[0] in TF_HOST_MARKERS for md in emd.values())
+        wanted = {mid: n for mid, n in names.items() if n in HOST_STATS}
         if is_tf:
             prof.metadata.setdefault("framework", "tensorflow")
         for ls, le in p.lines:
             tid, _lname, ts_ns = _line_header(buf, ls, le)
             base_ps = ts_ns * 1000
-            for mid, off, dur, es, ee, has_stats in _events(buf, ls, le):
+            for mid, off, dur, ss, ee in _events(buf, ls, le):
                 cat = cats.get(mid)
                 if cat is None:
                     md = emd.get(mid)
@@ -549,8 +650,8 @@ class _Reader:
                 start = (base_ps + off) / 1e6
                 dur_us = dur / 1e6
                 corr = None
-                if has_stats:
-                    st = _decode_stats(buf, es, ee, 4, names)
+                if ss < ee:
+                    st = _decode_stats(buf, ss, ee, 4, names, wanted)
                     sn = st.get("step_num")
                     if isinstance(sn, int):
                         kind, step = _STEP_NAMED, sn
@@ -628,11 +729,12 @@ def read_xplane(path: str | os.PathLike[str]) -> Profile:
         raise TraceReadError(path, f"cannot read: {e.strerror or e}") from None
     if not buf:
         raise TraceReadError(path, "empty file")
+    reader = _Reader(path, buf)
     try:
-        return _Reader(path, buf).read()
-    except TruncatedError as e:
-        raise _truncated(path, e) from None
+        return reader.read()
     except WireTypeError as e:
+        if reader.named_planes:
+            raise _truncated(path, e) from None
         raise _not_xspace(path, str(e)) from None
     except ProtoDecodeError as e:
         raise _truncated(path, e) from None
