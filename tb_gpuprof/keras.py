@@ -1,0 +1,617 @@
+"""Keras 3 callback: always-on iteration timing plus one profiled window, on the TensorFlow,
+JAX and torch backends.
+
+    from tb_gpuprof.keras import GpuProfCallback
+    model.fit(ds, epochs=3, callbacks=[GpuProfCallback("runs/cnn", iter_start=20, iter_stop=40)])
+
+Always on: per-step wall time (and device memory peaks on a GPU) as scalars, written off the
+training thread; NVML telemetry. In [iter_start, iter_stop): the backend's own profiler
+(``tf.profiler`` / ``jax.profiler`` -> XPlane, ``torch.profiler`` -> Kineto JSON) with one
+step marker per Keras execution, then analysis off the training thread into a report stored in
+the run with the raw profile. Nothing here may break ``fit``: an internal error becomes one
+warning and switches off the feature that failed. User guide: docs/keras.md.
+
+Timing adds no synchronization: ``async_safe = True`` keeps Keras 3's asynchronous batch-end
+dispatch (JAX, torch), where ``on_train_batch_end`` runs on a Keras worker thread after Keras
+has turned the step's logs into numbers, i.e. once the step's results exist. The batch argument
+Keras passes counts steps; one call covers ``steps_per_execution`` of them.
+
+This module is named like the framework; ``import keras`` below is the real package.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from typing import Any
+
+import keras
+
+from . import _keras_env
+from .torch import GpuProfWarning, _nvml_tags  # framework-free parts (torch is not imported)
+
+STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
+DRAIN_TIMEOUT_S = 120.0  # longest wait for an in-flight step at the window's edges
+
+
+class _Exec:
+    """One Keras execution (``steps_per_execution`` steps) between batch begin and end."""
+
+    __slots__ = ("batch", "boundary", "g0", "prev", "t_end", "t_ready")
+
+    def __init__(self, g0: int, batch: int, boundary: bool, prev: _Exec | None) -> None:
+        self.g0 = g0  # global step of its first batch, counted from the first fit
+        self.batch = batch  # Keras' batch index within the epoch
+        self.boundary = boundary  # first after fit/epoch start or the window's start/stop
+        self.prev = prev
+        self.t_ready = 0.0
+        self.t_end: float | None = None
+
+
+class GpuProfCallback(keras.callbacks.Callback):
+    """Profile ``model.fit``: ``GpuProfCallback(logdir, iter_start, iter_stop, **options)``.
+
+    Args:
+        logdir: the run directory (one TensorBoard run); created if missing.
+        iter_start: first training step of the profile window, counted from the first batch of
+            the first ``fit`` across epochs. ``None``: no window, always-on measurements only.
+        iter_stop: step the window stops before (exclusive); default ``iter_start + 1``. With
+            ``steps_per_execution=N`` the window starts and stops at execution boundaries.
+        nvml: sample GPU telemetry through NVML (``None``: on when the backend sees a GPU).
+        nvml_interval_s: NVML sampling period (``None``: the sampler's default, 0.5 s).
+        with_stack: record Python frames in the window (TF/JAX python tracer, torch stacks).
+        record_shapes, with_flops: torch backend only, as ``torch.profiler``'s options.
+        key: name of a range marking one iteration in the window's trace (DLProf's
+            ``--key_node``); default: the callback's own step markers.
+        memory: record device memory peaks per execution on a GPU (TF and torch reset the
+            peak each time; JAX has no reset, so its figure is the peak since start).
+        scalars: write the always-on scalars (``gpuprof/iteration_time_ms`` ...).
+        flush_secs: how often the background thread writes queued scalars.
+    """
+
+    async_safe = True  # Keras 3: our batch-end hook may run on Keras' worker threads
+    _supports_tf_logs = True  # tf.keras (Keras 2): don't convert logs to numpy for us
+
+    def __init__(self, logdir: str | os.PathLike[str], iter_start: int | None = None,
+                 iter_stop: int | None = None, *, nvml: bool | None = None,
+                 nvml_interval_s: float | None = None, with_stack: bool = False,
+                 record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
+                 memory: bool = True, scalars: bool = True, flush_secs: float = 1.0) -> None:
+        super().__init__()
+        if iter_start is not None and iter_start < 0:
+            raise ValueError(f"iter_start must be >= 0, got {iter_start}")
+        if iter_start is not None and iter_stop is None:
+            iter_stop = iter_start + 1
+        if iter_start is not None and iter_stop is not None and iter_stop <= iter_start:
+            raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
+                             f"({iter_start})")
+        self.logdir = os.fspath(logdir)
+        self.iter_start = iter_start
+        self.iter_stop = iter_stop if iter_start is not None else None
+        self.key = key
+        self.nvml_interval_s = nvml_interval_s
+        self.with_stack = with_stack
+        self.record_shapes = record_shapes
+        self.with_flops = with_flops
+        self.flush_secs = flush_secs
+        self._want = {"nvml": nvml, "memory": memory, "scalars": scalars}
+        self._on: dict[str, bool] = {}
+        self._warned: set[str] = set()
+        self._dead = True  # until on_train_begin's setup succeeds, and after an internal bug
+        self._set_up = False
+        self.backend: str | None = None
+        self.gpu = False
+        self._fw: Any = None
+        self._writer: Any = None
+        self._sampler: Any = None
+        self._mem_probe: Any = None
+        self._lock = threading.Condition()
+        self._nvml_lock = threading.Lock()
+        self._nvml_recent: collections.deque[Any] = collections.deque(maxlen=20_000)
+        self._out: collections.deque[tuple[int, float, dict[str, float]]] = collections.deque()
+        self._flusher: threading.Thread | None = None
+        self._stop_flusher = threading.Event()
+        self.iteration = 0  # global step of the next execution
+        self._spe = 1
+        self._epoch = 0
+        self._boundary = True
+        self._last: _Exec | None = None
+        self._pending: dict[int, _Exec] = {}  # batch index -> execution, this epoch
+        self._waiting: _Exec | None = None
+        self._train_tid = 0
+        self.batch_end_async: bool | None = None  # what Keras did, once seen
+        self._wall_ms: list[float] = []
+        self._window: _Window | None = None
+        self._window_done = False
+        self._window_mem: list[float] = []
+        self._analysis: threading.Thread | None = None
+        self.env: dict[str, Any] | None = None
+        self.report: dict[str, Any] | None = None  # the window's report, once analyzed
+        self.trace_path: str | None = None  # the stored raw profile, once saved
+        self.report_step: int | None = None  # the step the report is stored at
+
+    # -- robustness ------------------------------------------------------------------------
+
+    def _fail(self, feature: str, exc: BaseException | str) -> None:
+        """Switch ``feature`` off and warn once; training continues."""
+        self._on[feature] = False
+        if feature not in self._warned:
+            self._warned.add(feature)
+            warnings.warn(f"tb_gpuprof: {feature} disabled, training continues: {exc}",
+                          GpuProfWarning, stacklevel=3)
+
+    def _guard(self, feature: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._fail(feature, e)
+            return None
+
+    def _bug(self, e: BaseException) -> None:
+        """A bug of ours: stop measuring, never stop training."""
+        self._fail("tb_gpuprof", e)
+        self._dead = True
+
+    # -- fit lifecycle -----------------------------------------------------------------------
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        try:
+            self._train_tid = threading.get_ident()
+            self._boundary = True
+            self._last = None
+            if not self._set_up:
+                self._set_up = True
+                self._setup()
+                self._dead = False
+            if not self._dead:
+                self._open()
+            model = self._model  # not self.model: on JAX that property syncs the state
+            self._spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+        except Exception as e:
+            self._bug(e)
+
+    def _setup(self) -> None:
+        self.backend = _keras_env.keras_backend(keras)
+        self._fw = fw = _keras_env.framework_module(self.backend)
+        self.gpu = _keras_env.gpu_present(self.backend, fw)
+        w = self._want
+        self._on = {"scalars": bool(w["scalars"]), "window": self.iter_start is not None,
+                    "memory": self.gpu and bool(w["memory"]),
+                    "nvml": self.gpu if w["nvml"] is None else bool(w["nvml"])}
+        if self._on["memory"]:
+            self._mem_probe = self._guard("memory", _keras_env.memory_probe, self.backend, fw)
+
+    def _open(self) -> None:
+        """Per fit: a new events file, NVML sampling and the scalar thread."""
+        if self._writer is None:
+            self._guard("event writer", self._open_writer)
+        if self._sampler is None and self._on.get("nvml"):
+            self._guard("nvml", self._start_nvml)
+        if self._writer is not None and self._on.get("scalars") and self._flusher is None:
+            self._stop_flusher.clear()
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                             name="tb_gpuprof-scalars")
+            self._flusher.start()
+
+    def _open_writer(self) -> None:
+        from .store.writer import EventWriter
+
+        self._writer = EventWriter(self.logdir)
+
+    def _start_nvml(self) -> None:
+        from .nvml.sampler import NvmlSampler
+
+        kwargs = {} if self.nvml_interval_s is None else {"interval_s": self.nvml_interval_s}
+        sampler = NvmlSampler(**kwargs)
+        if not sampler.start():
+            raise RuntimeError(sampler.unavailable_reason or "NVML unavailable")
+        self._sampler = sampler
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self._epoch += 1
+        self._boundary = True
+        self._pending.clear()  # Keras flushed the last epoch's batch ends before epoch end
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._window is not None and not self._dead:
+            # Validation and epoch-end work would be counted into the last step; cut here.
+            warnings.warn(f"tb_gpuprof: the epoch ended at step {self.iteration}, inside the "
+                          f"window [{self.iter_start}, {self.iter_stop}); the report covers "
+                          "the steps that ran", GpuProfWarning, stacklevel=2)
+            self._guard("window", self._stop_window)
+
+    def on_train_end(self, logs: Any = None) -> None:
+        if not self._set_up:
+            return
+        try:
+            if self._window is not None:
+                self._guard("window", self._stop_window)
+            self.wait()
+            self._guard("run summary", self._write_summary)
+            self.close()
+        except Exception as e:
+            self._bug(e)
+
+    def close(self) -> None:
+        """Flush the scalars, stop NVML, close the run's events file (``fit`` does this at
+        its end; another ``fit`` with the same callback continues in a new events file)."""
+        self._stop_flush_thread()
+        self._flush_scalars()
+        if self._sampler is not None:
+            self._guard("nvml", self._sampler.stop)
+            self._sampler = None
+        if self._writer is not None:
+            self._guard("event writer", self._writer.close)
+            self._writer = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the window's analysis; True when it is done (or there is none)."""
+        t = self._analysis
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    # -- per execution -----------------------------------------------------------------------
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self._dead:
+            return
+        try:
+            g0 = self.iteration
+            boundary = self._boundary
+            if self._window is not None:
+                self._window.unmark()
+                if g0 >= (self.iter_stop or 0):
+                    self._guard("window", self._stop_window)
+                    boundary = True
+            elif (self._on.get("window") and not self._window_done
+                  and (self.iter_start or 0) <= g0 < (self.iter_stop or 0)):
+                self._guard("window", self._start_window)
+                boundary = True
+            if self._window is not None:
+                self._window.mark(g0)
+            rec = _Exec(g0, batch, boundary, self._last)
+            self._pending[batch] = rec
+            self._last = rec
+            self._boundary = False
+            self.iteration = g0 + self._spe
+            rec.t_ready = time.perf_counter()  # after our own window work, which is not timed
+        except Exception as e:
+            self._bug(e)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        t = time.perf_counter()  # Keras made the step's logs numbers: its results exist
+        if self._dead:
+            return
+        try:
+            with self._lock:
+                rec = self._pending.pop(batch - self._spe + 1, None)
+                if rec is None:  # a shorter last execution of the epoch
+                    rec = self._pending.pop(max((b for b in self._pending if b <= batch),
+                                                default=-1), None)
+                if rec is None:
+                    return
+                rec.t_end = t
+                prev, rec.prev = rec.prev, None  # no chain through every execution
+                base = prev.t_end if prev is not None else None
+                if rec.boundary:
+                    base = rec.t_ready if base is None else max(base, rec.t_ready)
+                if self._waiting is rec:
+                    self._lock.notify_all()
+                if self.batch_end_async is None:
+                    self.batch_end_async = threading.get_ident() != self._train_tid
+            if base is None or t <= base:
+                return  # async ends out of order: no honest figure for this one
+            steps = max(batch - rec.batch + 1, 1)
+            ms = (t - base) * 1e3 / steps
+            self._wall_ms.append(ms)
+            if len(self._wall_ms) > 100_000:  # bound memory on endless runs
+                del self._wall_ms[:50_000]
+            values = {"gpuprof/iteration_time_ms": ms}
+            if self._mem_probe is not None and self._on.get("memory"):
+                try:
+                    alloc, reserved = self._mem_probe()
+                    values["gpuprof/memory_allocated_peak_mb"] = alloc
+                    if reserved is not None:
+                        values["gpuprof/memory_reserved_peak_mb"] = reserved
+                    if self._window is not None:
+                        self._window_mem.append(alloc)
+                except Exception as e:
+                    self._fail("memory", e)
+            if self._on.get("scalars"):
+                self._out.append((rec.g0, time.time(), values))
+        except Exception as e:
+            self._bug(e)
+
+    def _wait_done(self, rec: _Exec | None) -> None:
+        """Wait until ``rec``'s batch end ran (async dispatch: its results exist)."""
+        if rec is None:
+            return
+        with self._lock:
+            self._waiting = rec
+            self._lock.wait_for(lambda: rec.t_end is not None, timeout=DRAIN_TIMEOUT_S)
+            self._waiting = None
+
+    # -- the window --------------------------------------------------------------------------
+
+    def _start_window(self) -> None:
+        self._window_done = True  # one window per callback, whatever happens next
+        # Async dispatch: let the steps before the window finish, so the trace holds the
+        # window's device work only.
+        self._wait_done(self._last)
+        self._window_mem = []
+        win = _Window.create(self.backend or "", self._fw, self)
+        win.start()
+        self._window = win
+
+    def _stop_window(self) -> None:
+        win, self._window = self._window, None
+        if win is None:
+            return
+        win.unmark()
+        self._wait_done(self._last)  # the window's last step ran to the end on the device
+        last_step = max(win.first_step, (self._last.g0 if self._last else 0) + self._spe - 1)
+        win.last_step = last_step
+        try:
+            win.stop()
+        except Exception as e:
+            win.cleanup()
+            raise RuntimeError(f"stopping the {self.backend} profiler failed: {e}") from e
+        observed = {"steps_per_execution": self._spe,
+                    "batch_end_dispatch": None if self.batch_end_async is None else
+                    ("async" if self.batch_end_async else "sync")}
+        if self._window_mem:
+            observed["memory_peak_bytes"] = int(max(self._window_mem) * 2**20)
+        env = _keras_env.record_env(keras, self.backend or "", self._fw, self._model, observed)
+        self.env = env
+        self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
+                                          args=(win, last_step, env))
+        self._analysis.start()
+
+    def _analyze(self, win: _Window, step: int, env: dict[str, Any]) -> None:
+        try:
+            raw = win.raw_trace()
+            if self._writer is not None:
+                # stored first: the raw profile is worth keeping even if the analysis fails
+                from .store.writer import save_raw_trace
+
+                self.trace_path = raw = save_raw_trace(self.logdir, win.stored_copy(raw), step)
+            from .analysis.report import build_report
+            from .readers import load_profile
+
+            profile = load_profile(raw)
+            if self.gpu and not profile.gpu:
+                warnings.warn("tb_gpuprof: the window's profile holds no GPU activity: CUPTI "
+                              "is probably in use by another tool (Nsight, another profiler); "
+                              "the report covers host work only", GpuProfWarning, stacklevel=1)
+            telemetry = self._guard("nvml", self._window_telemetry, win.t0, win.t1) \
+                if self._sampler is not None and self._on.get("nvml") else None
+            report = build_report(profile, key=self.key, env=env, telemetry=telemetry)
+            if self._writer is not None and self.trace_path is not None:
+                report["source"]["path"] = os.path.relpath(self.trace_path, self.logdir)
+                self._writer.add_report(report, step=step)
+            self.report = report
+            self.report_step = step
+        except Exception as e:
+            self._fail("window", f"analysis failed: {e}")
+        finally:
+            win.cleanup()
+
+    def _window_telemetry(self, t0: float, t1: float) -> dict[str, Any] | None:
+        """NVML summary of the window (as the PyTorch hook: nearest samples if it is short)."""
+        period = float(getattr(self._sampler, "interval_s", 0.5))
+        # analysis thread: let the sample after t1 arrive (reading the profile took a while)
+        time.sleep(max(0.0, min(period, 2.0) - (time.time() - t1)))
+        self._drain_nvml()
+        with self._nvml_lock:
+            recent = list(self._nvml_recent)
+        inside = [s for s in recent if t0 <= s.time <= t1]
+        if not inside:
+            inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
+        return self._sampler.window_summary(inside)
+
+    # -- scalars (background thread) ---------------------------------------------------------
+
+    def _stop_flush_thread(self) -> None:
+        if self._flusher is not None:
+            self._stop_flusher.set()
+            self._flusher.join(timeout=30)
+            self._flusher = None
+
+    def _flush_loop(self) -> None:
+        while not self._stop_flusher.wait(self.flush_secs):
+            self._flush_scalars()
+
+    def _drain_nvml(self) -> list[Any]:
+        with self._nvml_lock:
+            samples = self._sampler.drain()
+            self._nvml_recent.extend(samples)
+        return samples
+
+    def _flush_scalars(self) -> None:
+        writer, out = self._writer, self._out
+        if writer is None:
+            return
+        try:
+            while out:
+                step, wall_time, values = out.popleft()
+                writer.add_scalars(values, step, wall_time)
+            if self._sampler is not None and self._on.get("nvml"):
+                samples = self._drain_nvml()
+                nv = self._sampler.scalars(samples) if samples else None
+                if nv:
+                    writer.add_scalars(_nvml_tags(nv), max(self.iteration - 1, 0))
+        except Exception as e:
+            self._fail("scalars", e)
+
+    def _write_summary(self) -> None:
+        if self._writer is None:
+            return
+        walls = sorted(self._wall_ms)
+        summary = {
+            "iterations": self.iteration,
+            "iteration_time_ms_median": walls[len(walls) // 2] if walls else None,
+            "window": [self.iter_start, self.iter_stop] if self.iter_start is not None else None,
+            "report_step": self.report_step,
+            "backend": self.backend,
+            "steps_per_execution": self._spe,
+            "batch_end_dispatch": None if self.batch_end_async is None else
+            ("async" if self.batch_end_async else "sync"),
+            "env": self.env,
+            "warnings": sorted(self._warned),
+        }
+        self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
+
+
+class _Window:
+    """The backend profiler over the window: start, one step range per execution, stop."""
+
+    def __init__(self, fw: Any, cb: GpuProfCallback) -> None:
+        self.fw = fw
+        self.cb = cb
+        self.tmp = tempfile.mkdtemp(prefix="tb_gpuprof_keras_")
+        self.first_step = cb.iteration
+        self.last_step = cb.iteration
+        self.t0 = self.t1 = 0.0
+        self._marker: Any = None
+
+    @staticmethod
+    def create(backend: str, fw: Any, cb: GpuProfCallback) -> _Window:
+        kinds = {"tensorflow": _TfWindow, "jax": _JaxWindow, "torch": _TorchWindow}
+        if backend not in kinds:
+            raise RuntimeError(f"no profiler for the Keras backend {backend!r}")
+        return kinds[backend](fw, cb)
+
+    def start(self) -> None:
+        self.t0 = time.time()
+        try:
+            self._start()
+        except Exception:
+            self.cleanup()
+            raise
+
+    def stop(self) -> None:
+        self._stop()
+        self.t1 = time.time()
+
+    def mark(self, step: int) -> None:
+        self._marker = self._new_marker(step)
+        self._marker.__enter__()
+
+    def unmark(self) -> None:
+        m, self._marker = self._marker, None
+        if m is not None:
+            m.__exit__(None, None, None)
+
+    def raw_trace(self) -> str:
+        """Path of the profile the analysis reads (the XPlane the profiler wrote)."""
+        found = sorted(glob.glob(os.path.join(self.tmp, "**", "*.xplane.pb"), recursive=True),
+                       key=os.path.getmtime)
+        if not found:
+            raise RuntimeError(f"the profiler wrote no .xplane.pb under {self.tmp}")
+        return found[-1]
+
+    def stored_copy(self, raw: str) -> str:
+        """The file to keep in the run (named after the window)."""
+        name = f"window_{self.first_step}_{self.last_step + 1}.xplane.pb"
+        dest = os.path.join(self.tmp, name)
+        os.replace(raw, dest)
+        return dest
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        raise NotImplementedError
+
+    def _new_marker(self, step: int) -> Any:
+        raise NotImplementedError
+
+
+class _TfWindow(_Window):
+    def _start(self) -> None:
+        exp = self.fw.profiler.experimental
+        opts = exp.ProfilerOptions(host_tracer_level=2, device_tracer_level=1,
+                                   python_tracer_level=1 if self.cb.with_stack else 0)
+        try:
+            exp.start(self.tmp, options=opts)
+        except Exception as e:  # AlreadyExistsError / UnavailableError
+            raise RuntimeError(f"tf.profiler could not start (another profiler running?): "
+                               f"{e}".replace("\n", " ")) from e
+
+    def _stop(self) -> None:
+        self.fw.profiler.experimental.stop()
+
+    def _new_marker(self, step: int) -> Any:
+        return self.fw.profiler.experimental.Trace(STEP_MARKER, step_num=step, _r=1)
+
+
+class _JaxWindow(_Window):
+    def _start(self) -> None:
+        prof = self.fw.profiler
+        kwargs: dict[str, Any] = {}
+        if hasattr(prof, "ProfileOptions"):
+            # JAX traces every Python call by default: slow, and a huge trace; only on request
+            opts = prof.ProfileOptions()
+            opts.python_tracer_level = 1 if self.cb.with_stack else 0
+            kwargs["profiler_options"] = opts
+        try:
+            prof.start_trace(self.tmp, **kwargs)
+        except Exception as e:
+            raise RuntimeError(f"jax.profiler could not start (another trace running?): "
+                               f"{e}") from e
+
+    def _stop(self) -> None:
+        self.fw.profiler.stop_trace()
+
+    def _new_marker(self, step: int) -> Any:
+        return self.fw.profiler.StepTraceAnnotation(STEP_MARKER, step_num=step)
+
+
+class _TorchWindow(_Window):
+    def _start(self) -> None:
+        torch = self.fw
+        if torch._C._autograd._profiler_enabled():
+            raise RuntimeError("another profiler (torch.profiler / autograd profiler) is "
+                               "already running in this process; no window report")
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.cb.gpu:
+            activities.append(ProfilerActivity.CUDA)
+        self.prof = profile(activities=activities, record_shapes=self.cb.record_shapes,
+                            with_flops=self.cb.with_flops, with_stack=self.cb.with_stack)
+        self.prof.start()
+
+    def _stop(self) -> None:
+        self.prof.stop()
+
+    def _new_marker(self, step: int) -> Any:
+        # the name torch.profiler's own schedule gives its step ranges
+        return self.fw.profiler.record_function(f"ProfilerStep#{step}")
+
+    def raw_trace(self) -> str:
+        path = os.path.join(self.tmp, "window.pt.trace.json")
+        self.prof.export_chrome_trace(path)
+        return path
+
+    def stored_copy(self, raw: str) -> str:
+        packed = os.path.join(self.tmp, f"window_{self.first_step}_{self.last_step + 1}"
+                                        ".pt.trace.json.gz")
+        with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        return packed
+
+
+__all__ = ["GpuProfCallback", "GpuProfWarning"]

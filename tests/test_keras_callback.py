@@ -1,0 +1,290 @@
+"""The Keras callback on real ``fit`` runs (CPU), one subprocess per backend.
+
+KERAS_BACKEND must be set before keras is imported, so each backend's fits run in a child
+process (this file run as a script); the child reports what it saw as JSON and the tests read
+the runs it wrote with the store reader and the CLI, like a user would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+import pytest
+
+from tb_gpuprof import cli
+from tb_gpuprof.store.reader import event_files, iter_events
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE_XPLANE = "/work/shared/fixtures/jax_conv_h200.xplane.pb"
+SAMPLES, BATCH = 96, 8  # 12 steps an epoch
+
+
+# -- the child: fits on one backend ------------------------------------------------------------
+
+def _child(backend: str, out: str) -> None:
+    os.environ["KERAS_BACKEND"] = backend
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import warnings
+
+    import keras
+    import numpy as np
+
+    from tb_gpuprof.keras import GpuProfCallback, GpuProfWarning
+
+    rng = np.random.default_rng(0)
+    x = rng.random((SAMPLES, 16, 16, 3), dtype=np.float32)
+    y = rng.integers(0, 10, SAMPLES)
+
+    def model(spe: int = 1) -> keras.Model:
+        m = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Conv2D(8, 3),
+                              keras.layers.ReLU(), keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(10)])
+        m.compile(optimizer="sgd", steps_per_execution=spe,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    def fit(name: str, m: keras.Model, cb_args: dict, epochs: int = 1, **fit_args) -> dict:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", GpuProfWarning)
+            cb = GpuProfCallback(os.path.join(out, name), **cb_args)
+            hist = m.fit(x, y, batch_size=BATCH, epochs=epochs, verbose=0, callbacks=[cb],
+                         **fit_args)
+        return {"losses": hist.history["loss"], "async": cb.batch_end_async,
+                "env": cb.env, "report_step": cb.report_step, "trace_path": cb.trace_path,
+                "warnings": [str(w.message) for w in caught
+                             if issubclass(w.category, GpuProfWarning)]}
+
+    res: dict = {"backend": keras.backend.backend()}
+    res["fp32"] = fit("fp32", model(), {"iter_start": 2, "iter_stop": 7})
+    # mixed precision, 3 steps per execution (torch allows only 1), a window in epoch 2
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    res["spe"] = spe = 1 if backend == "torch" else 3
+    res["mixed_spe3"] = fit("mixed_spe3", model(spe=spe), {"iter_start": 12, "iter_stop": 18},
+                            epochs=2)
+    keras.mixed_precision.set_global_policy("float32")
+    # a profiler already running: the window gives way with a warning, fit and scalars go on
+    outside = _start_outside_profiler(backend, os.path.join(out, "outside"))
+    try:
+        res["conflict"] = fit("conflict", model(), {"iter_start": 1, "iter_stop": 3})
+    finally:
+        outside()
+    # the run directory cannot be created: no events file, a warning, training goes on
+    blocker = os.path.join(out, "not_a_dir")
+    open(blocker, "w").close()
+    res["bad_logdir"] = fit("not_a_dir/run", model(), {"iter_start": 1})
+    res["tensorflow_imported"] = "tensorflow" in sys.modules
+    # the callback's recorded env drives the recommendations of a real H200 profile
+    if os.path.exists(FIXTURE_XPLANE):
+        from tb_gpuprof.analysis.report import build_report
+        from tb_gpuprof.readers import load_profile
+
+        prof = load_profile(FIXTURE_XPLANE)
+        res["fixture_recs"] = {case: [r["id"] for r in build_report(
+            prof, env=res[case]["env"])["recommendations"]] for case in ("fp32", "mixed_spe3")}
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump(res, f)
+
+
+def _start_outside_profiler(backend: str, logdir: str):
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        tf.profiler.experimental.start(logdir)
+        return tf.profiler.experimental.stop
+    if backend == "jax":
+        import jax
+
+        jax.profiler.start_trace(logdir)
+        return jax.profiler.stop_trace
+    import torch
+
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    prof.start()
+    return prof.stop
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+def _run_backend(backend: str, tmp_path_factory) -> tuple[str, dict]:
+    modules = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
+    if importlib.util.find_spec("keras") is None or \
+            importlib.util.find_spec(modules[backend]) is None:
+        pytest.skip(f"keras with the {backend} backend is not installed")
+    out = str(tmp_path_factory.mktemp(f"keras_{backend}"))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), backend, out], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(os.path.join(out, "result.json")) as f:
+        return out, json.load(f)
+
+
+@pytest.fixture(scope="module")
+def tf_run(tmp_path_factory):
+    return _run_backend("tensorflow", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def torch_run(tmp_path_factory):
+    return _run_backend("torch", tmp_path_factory)
+
+
+def read_scalars(run_dir: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for path in event_files(run_dir):
+        for event in iter_events(path):
+            for v in event.summary.value:
+                if v.WhichOneof("value") == "simple_value":
+                    out.setdefault(v.tag, {})[event.step] = v.simple_value
+    return out
+
+
+def cli_report(path: str) -> dict:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli.main(["report", path, "--format", "json"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def check_window_run(out: str, res: dict, backend: str) -> None:
+    run = os.path.join(out, "fp32")
+    r = res["fp32"]
+    assert r["warnings"] == [] and len(r["losses"]) == 1
+    scalars = read_scalars(run)
+    times = scalars["gpuprof/iteration_time_ms"]
+    assert sorted(times) == list(range(SAMPLES // BATCH))
+    assert all(v > 0 for v in times.values())
+    report = cli_report(run)
+    assert report["iterations"]["count"] == 5
+    assert report["iterations"]["range"] == [2, 6]
+    assert report["iterations"]["method"] == "profiler_step"
+    assert r["report_step"] == 6
+    system = report["system"]
+    assert system["framework"] == "keras" and system["keras_backend"] == backend
+    assert system["flags"]["mixed_precision_policy"] == "float32"
+    assert isinstance(system["flags"]["jit_compile"], bool)
+    assert system["steps_per_execution"] == 1
+    # the raw profile is stored in the run, and the text report renders from the run too
+    assert r["trace_path"] and os.path.isfile(r["trace_path"])
+    assert os.path.commonpath([r["trace_path"], run]) == run
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli.main(["report", run]) == 0
+    assert "Recommendations" in buf.getvalue()
+
+
+def check_steps_per_execution(out: str, res: dict) -> None:
+    r, spe = res["mixed_spe3"], res["spe"]
+    assert r["warnings"] == [] and len(r["losses"]) == 2
+    times = read_scalars(os.path.join(out, "mixed_spe3"))["gpuprof/iteration_time_ms"]
+    assert sorted(times) == list(range(0, 2 * SAMPLES // BATCH, spe))  # one per execution
+    report = cli_report(os.path.join(out, "mixed_spe3"))
+    # one step marker per execution: steps 12, 12 + spe, ... before 18
+    assert report["iterations"]["count"] == len(range(12, 18, spe))
+    assert report["iterations"]["range"] == [12, 18 - spe]
+    assert report["system"]["flags"]["mixed_precision_policy"] == "mixed_bfloat16"
+    assert report["system"]["steps_per_execution"] == spe
+
+
+def check_robustness(out: str, res: dict) -> None:
+    c = res["conflict"]
+    assert len(c["losses"]) == 1 and c["report_step"] is None
+    assert any("window disabled" in w for w in c["warnings"]), c["warnings"]
+    assert sorted(read_scalars(os.path.join(out, "conflict"))["gpuprof/iteration_time_ms"]) \
+        == list(range(SAMPLES // BATCH))
+    b = res["bad_logdir"]
+    assert len(b["losses"]) == 1
+    assert any("event writer disabled" in w for w in b["warnings"]), b["warnings"]
+
+
+def check_flags_reach_recommendations(res: dict) -> None:
+    if "fixture_recs" not in res:
+        pytest.skip("the H200 fixtures are not available")
+    # the same GPU profile: FP32 policy -> AMP advice; a mixed policy silences it
+    assert "amp" in res["fixture_recs"]["fp32"]
+    assert "amp" not in res["fixture_recs"]["mixed_spe3"]
+
+
+def test_tensorflow_fit_window_report(tf_run):
+    out, res = tf_run
+    assert res["backend"] == "tensorflow"
+    check_window_run(out, res, "tensorflow")
+    assert res["fp32"]["async"] is False  # Keras never dispatches batch ends async on TF
+    flags = res["fp32"]["env"]["flags"]
+    assert isinstance(flags["tf32_enabled"], bool) and flags["channels_last"] is True
+    assert res["fp32"]["trace_path"].endswith(".xplane.pb")
+
+
+def test_tensorflow_steps_per_execution_and_mixed_precision(tf_run):
+    check_steps_per_execution(*tf_run)
+
+
+def test_tensorflow_robustness(tf_run):
+    check_robustness(*tf_run)
+
+
+def test_tensorflow_env_reaches_recommendations(tf_run):
+    check_flags_reach_recommendations(tf_run[1])
+
+
+def test_torch_fit_window_report(torch_run):
+    out, res = torch_run
+    assert res["backend"] == "torch"
+    check_window_run(out, res, "torch")
+    # our callback is async_safe: Keras keeps dispatching batch ends on its worker threads
+    assert res["fp32"]["async"] is True
+    assert not res["tensorflow_imported"]
+    assert res["fp32"]["trace_path"].endswith(".pt.trace.json.gz")
+
+
+def test_torch_steps_per_execution_and_mixed_precision(torch_run):
+    check_steps_per_execution(*torch_run)
+
+
+def test_torch_robustness(torch_run):
+    check_robustness(*torch_run)
+
+
+def test_jax_fit_markers_on_cpu(tmp_path_factory):
+    """JAX on CPU: scalars, async dispatch and the stored XPlane's step markers (the window's
+    report needs GPU activity or TF-style host ops, which a CPU-only JAX profile lacks)."""
+    out, res = _run_backend("jax", tmp_path_factory)
+    from tb_gpuprof.model import STEP
+    from tb_gpuprof.readers import load_profile
+
+    r = res["fp32"]
+    assert r["async"] is True and not res["tensorflow_imported"]
+    assert sorted(read_scalars(os.path.join(out, "fp32"))["gpuprof/iteration_time_ms"]) == \
+        list(range(SAMPLES // BATCH))
+    steps = [a.step for a in load_profile(r["trace_path"]).annotations if a.kind == STEP]
+    assert sorted(steps) == [2, 3, 4, 5, 6]
+    check_robustness(out, res)
+
+
+def test_bad_window_arguments_raise_at_once():
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("keras is not installed")
+    code = ("import os; os.environ['KERAS_BACKEND'] = 'torch'\n"
+            "from tb_gpuprof.keras import GpuProfCallback\n"
+            "for a in ((-1, None), (5, 5), (5, 3)):\n"
+            "    try:\n"
+            "        GpuProfCallback('/nonexistent', *a)\n"
+            "    except ValueError as e:\n"
+            "        print('ValueError', e)\n")
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.stdout.count("ValueError") == 3, proc.stderr[-2000:]
+    assert not os.path.exists("/nonexistent")
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])
