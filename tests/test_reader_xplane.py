@@ -343,14 +343,17 @@ def test_tf_style_gpu_plane(tmp_path):
         gpu.stat("correlation_id", 42), gpu.stat("grid_x", 12), gpu.stat("block_x", 128),
         gpu.stat("registers_per_thread", 32), gpu.stat("negative_probe", -5),
     ], canonical=False)
-    gpu.line(7, "Stream #7(Compute)", 1_000, [copy, conv, fused], events_first=True)
+    matmul = gpu.event("ampere_sgemm_64x64_nn", 3_300_000, 100_000, [
+        gpu.stat("tf_op", "train_step::model/dense/MatMul:MatMul", as_ref=True)])
+    gpu.line(7, "Stream #7(Compute)", 1_000, [copy, conv, fused, matmul], events_first=True)
     gpu.line(1000, "XLA Ops", 1_000, [gpu.event("add.3", 2_900_000, 400_000)])
     gpu.line(1001, "XLA Modules", 1_000, [gpu.event("jit_step", 0, 4_000_000)])
     gpu.line(1002, "Steps", 1_000, [gpu.event("17", 0, 4_000_000)])
     p = read_xplane(_write(tmp_path, [gpu]))
     assert [(a.kind, a.device, a.stream) for a in p.gpu] == [(MEMCPY, 1, 7), (KERNEL, 1, 7),
-                                                            (KERNEL, 1, 7)]
-    cp, cv, fu = p.gpu
+                                                            (KERNEL, 1, 7), (KERNEL, 1, 7)]
+    cp, cv, fu, mm = p.gpu
+    assert (mm.op, mm.op_type, mm.correlation) == ("model/dense/MatMul", "MatMul", None)
     assert cp.bytes == 4096 and cp.correlation == 40
     assert (cv.start_us, cv.dur_us) == (1 + 2.0, 0.5)  # 1000 ns line base + 2 us offset
     assert (cv.grid, cv.block, cv.registers, cv.shared_mem, cv.occupancy) == (

@@ -410,6 +410,8 @@ def _op_of(st: dict[str, Any]) -> tuple[str | None, str | None]:
     tf_name = tf_type = None
     tf_op = st.get("tf_op")
     if isinstance(tf_op, str) and tf_op:
+        # nested ScopedAnnotations arrive joined by "::"; the innermost op is the last part
+        tf_op = tf_op.rsplit("::", 1)[-1]
         name, sep, typ = tf_op.rpartition(":")
         if sep and typ:  # "XlaModule:" (JAX) names no framework op
             tf_name, tf_type = name, typ
