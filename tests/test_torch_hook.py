@@ -175,6 +175,25 @@ def test_loop_ending_inside_the_window_reports_what_ran(tmp_path):
     assert prof.report["iterations"]["count"] >= 3
 
 
+@pytest.mark.parametrize("start", [0, 1])
+def test_window_at_the_first_iterations(tmp_path, start):
+    # iter_start >= 1 opens the profiler one iteration early, in warm-up, unrecorded
+    with GpuProfiler(str(tmp_path / "early"), iter_start=start, iter_stop=start + 2) as prof:
+        train(prof, tiny_cnn(), batches(4))
+    assert prof.report["iterations"]["count"] == 2
+    assert prof.report["iterations"]["range"] == [start, start + 1]
+
+
+def test_loop_ending_before_the_window_warns_and_leaves_no_profiler_running(tmp_path):
+    from torch.autograd.profiler import _is_profiler_enabled
+
+    with pytest.warns(GpuProfWarning, match="before the window"):
+        with GpuProfiler(str(tmp_path / "never"), iter_start=4, iter_stop=6) as prof:
+            train(prof, tiny_cnn(), batches(4))  # iteration 3 is the warm-up one
+    assert prof.report is None and not _is_profiler_enabled
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
 class FakeEvent:
     """A CUDA event on a simulated GPU that finishes each event `lag` records later."""
 
