@@ -1,7 +1,8 @@
 """tb_gpuprof: why is training slow on NVIDIA GPUs, and what to change.
 
 Importing this package pulls in no deep-learning framework; the framework adapters
-(:mod:`tb_gpuprof.torch`, :mod:`tb_gpuprof.keras`, :mod:`tb_gpuprof.lightning`) import theirs lazily.
+(:mod:`tb_gpuprof.torch`, :mod:`tb_gpuprof.keras`, :mod:`tb_gpuprof.lightning`) import theirs
+lazily.
 """
 
 from __future__ import annotations
