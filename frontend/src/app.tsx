@@ -50,6 +50,23 @@ function useDarkMode(): boolean {
   return dark;
 }
 
+// The last run looked at (per TensorBoard origin): selected again on the next visit, and its
+// report is requested at once, in parallel with /runs, so the first paint waits for one round trip.
+const LAST_RUN_KEY = "tb_gpuprof.run";
+
+function storage(): Storage | null {
+  try {
+    return window.localStorage;
+  } catch {
+    return null; // storage disabled (privacy settings)
+  }
+}
+
+export function prefetchLastRun(): void {
+  const run = storage()?.getItem(LAST_RUN_KEY);
+  if (run) api.report(run, null).catch(() => undefined);
+}
+
 function firstUsable(runs: RunInfo[]): string | null {
   return (runs.find((r) => r.reports.length && !r.error) ?? runs[0])?.run ?? null;
 }
@@ -81,10 +98,14 @@ export function App() {
   const run = list.find((r) => r.run === runName) ?? null;
   useEffect(() => {
     if (runs.data && !run) {
-      setRunName(firstUsable(list));
+      const last = storage()?.getItem(LAST_RUN_KEY);
+      setRunName(list.some((r) => r.run === last && !r.error) ? last! : firstUsable(list));
       setStep(null);
     }
   }, [runs.data]);
+  useEffect(() => {
+    if (runName) storage()?.setItem(LAST_RUN_KEY, runName);
+  }, [runName]);
 
   // One entry per window (a distributed run stores one report per rank at the same step).
   const reports = run ? [...new Map(run.reports.map((r) => [r.step, r])).values()].sort((a, b) => a.step - b.step) : [];

@@ -1,10 +1,11 @@
 // Entry point TensorBoard loads (frontend_metadata.es_module_path): plugin_entry.html imports this
 // module and calls render() inside the plugin's iframe.
 import { render as preactRender } from "preact";
-import { App } from "./app";
+import { App, prefetchLastRun } from "./app";
 import { CSS } from "./style";
 
 export function render(): void {
+  prefetchLastRun();
   if (!document.getElementById("gpuprof-style")) {
     const style = document.createElement("style");
     style.id = "gpuprof-style";
