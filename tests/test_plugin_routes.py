@@ -220,3 +220,18 @@ def test_static_files_stay_in_the_static_folder(client):
     for path in ("/../../../etc/passwd", "/static/../plugin.py", "/%2e%2e/plugin.py",
                  "/static/.hidden", "/nope.js"):
         assert client.get(PREFIX + path).status_code == 404, path
+
+
+def test_kernels_sort_puts_missing_values_last(client, gpuprof_logdir):
+    kernels = gpuprof_logdir.expected[("kineto", 3)]["kernels"]
+    # A numeric field the real report leaves null for some kernels (e.g. flops, occupancy).
+    field = next(f for f in kernels[0]
+                 if any(k.get(f) is None for k in kernels)
+                 and any(isinstance(k.get(f), (int, float)) and not isinstance(k.get(f), bool)
+                         for k in kernels))
+    for order in ("asc", "desc"):
+        _, body = get_json(client, "/kernels", run="kineto", sort=field, order=order, limit=1000)
+        values = [k.get(field) for k in body["kernels"]]
+        present = [v for v in values if v is not None]
+        assert values == present + [None] * (len(values) - len(present))
+        assert present == sorted(present, reverse=order == "desc")

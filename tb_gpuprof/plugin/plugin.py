@@ -7,6 +7,7 @@ the data provider (the same code serves ``--load_fast=false``). Decoded reports 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from tensorboard.plugins import base_plugin
 
 from ..errors import GpuProfError
 from ..store import schema
+from .views import KernelIndex
 
 SCALARS_PLUGIN = "scalars"
 SCALAR_POINTS = 5000
@@ -50,18 +52,30 @@ class ReportRef:
 
 
 class CachedReport:
-    """A decoded report plus its JSON text, serialized once on first use."""
+    """A decoded report plus what routes derive from it, each computed once on first use:
+    its gzipped JSON (/report) and its kernel index (/kernels)."""
 
-    __slots__ = ("_json", "report")
+    __slots__ = ("_gzip", "_index", "_lock", "report")
 
     def __init__(self, report: dict[str, Any]) -> None:
         self.report = report
-        self._json: bytes | None = None
+        self._gzip: bytes | None = None
+        self._index: KernelIndex | None = None
+        self._lock = threading.Lock()
 
-    def json_bytes(self) -> bytes:
-        if self._json is None:
-            self._json = json.dumps(self.report, separators=(",", ":")).encode()
-        return self._json
+    def gzip_json(self) -> bytes:
+        with self._lock:
+            if self._gzip is None:
+                raw = json.dumps(self.report, separators=(",", ":")).encode()
+                # Level 3 and mtime 0, as TensorBoard's own responses.
+                self._gzip = gzip.compress(raw, compresslevel=3, mtime=0)
+            return self._gzip
+
+    def kernel_index(self) -> KernelIndex:
+        with self._lock:
+            if self._index is None:
+                self._index = KernelIndex(self.report.get("kernels") or [])
+            return self._index
 
 
 class GpuProfPlugin(base_plugin.TBPlugin):

@@ -86,7 +86,9 @@ def _ref(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str, r
 
 def _report(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
-    return plugin.load_report(ctx, eid, _ref(plugin, request, ctx, eid, run)).json_bytes()
+    body = plugin.load_report(ctx, eid, _ref(plugin, request, ctx, eid, run)).gzip_json()
+    # Precompressed once per report; http_util unzips for a client that does not take gzip.
+    return http_util.Respond(request, body, JSON, content_encoding="gzip")
 
 
 def _kernels(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
@@ -94,8 +96,7 @@ def _kernels(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: st
     params = {k: request.args.get(k) for k in
               ("sort", "order", "q", "category", "tc", "precision", "offset", "limit")}
     ref = _ref(plugin, request, ctx, eid, run)
-    report = plugin.load_report(ctx, eid, ref).report
-    answer = views.filter_kernels(report.get("kernels") or [], params)
+    answer = views.filter_kernels(plugin.load_report(ctx, eid, ref).kernel_index(), params)
     return {"run": run, "step": ref.step, **answer}
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
 from typing import Any
 
 MAX_KERNEL_PAGE = 1000
 TOP_KERNELS = 10
 COMPARE_MAX_KERNELS = 500
+SELECTION_CACHE_SIZE = 32
 CHANGED_FRACTION = 0.10  # a kernel whose total time moved by more than this is "changed"
 
 
@@ -40,61 +44,95 @@ def parse_bool(value: str | None, name: str) -> bool | None:
 
 
 def _sort_key(field: str):
-    # None sorts last whatever the order; mixed types fall back to their text.
+    # Numbers before text before anything else (lists: by their text), so a field holding
+    # mixed types still sorts instead of raising. None values are set aside by the caller.
     def key(kernel: dict[str, Any]) -> tuple[int, Any]:
         value = kernel.get(field)
-        if value is None:
-            return (1, 0)
-        if isinstance(value, bool):
-            return (0, int(value))
-        if isinstance(value, (int, float, str)):
-            return (0, value)
-        return (0, str(value))
+        if isinstance(value, (int, float)):
+            return (0, float(value))
+        if isinstance(value, str):
+            return (1, value.lower())
+        return (2, json.dumps(value))
 
     return key
 
 
-def _matches_text(kernel: dict[str, Any], needle: str) -> bool:
-    hay = [kernel.get("name"), kernel.get("demangled"), kernel.get("source"),
-           *(kernel.get("ops") or [])]
-    return any(isinstance(h, str) and needle in h.lower() for h in hay)
+class KernelIndex:
+    """One report's kernel list prepared for repeated /kernels queries.
+
+    Lower-cased search text per kernel and each requested sort order are computed once, so a
+    page costs a scan of precomputed data rather than a sort plus string work per kernel.
+    """
+
+    def __init__(self, kernels: list[dict[str, Any]]) -> None:
+        self.kernels = kernels
+        self.search_text = [
+            "\0".join(h.lower() for h in (k.get("name"), k.get("demangled"), k.get("source"),
+                                           *(k.get("ops") or [])) if isinstance(h, str))
+            for k in kernels
+        ]
+        self.fields = set().union(*(k.keys() for k in kernels)) if kernels else {"total_us"}
+        self._orders: dict[tuple[str, str], list[int]] = {}
+        # Recent filter results: paging through one query re-uses its selection.
+        self._selections: OrderedDict[tuple, list[int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def select(self, sort: str, order: str, tc: bool | None, category: str | None,
+               precision: str | None, q: str) -> list[int]:
+        key = (sort, order, tc, category, precision, q)
+        with self._lock:
+            hit = self._selections.get(key)
+            if hit is not None:
+                self._selections.move_to_end(key)
+                return hit
+        ks, text = self.kernels, self.search_text
+        selected = [
+            i for i in self.order(sort, order)
+            if (tc is None or bool(ks[i].get("uses_tensor_cores")) == tc)
+            and (category is None or ks[i].get("category") == category)
+            and (precision is None or ks[i].get("precision") == precision)
+            and (not q or q in text[i])
+        ]
+        with self._lock:
+            self._selections[key] = selected
+            while len(self._selections) > SELECTION_CACHE_SIZE:
+                self._selections.popitem(last=False)
+        return selected
+
+    def order(self, field: str, direction: str) -> list[int]:
+        key = (field, direction)
+        cached = self._orders.get(key)
+        if cached is None:
+            ks = self.kernels
+            sort_key = _sort_key(field)
+            present = [i for i in range(len(ks)) if ks[i].get(field) is not None]
+            missing = [i for i in range(len(ks)) if ks[i].get(field) is None]
+            # None sorts last in both directions; ties keep the stored (time) order.
+            present.sort(key=lambda i: sort_key(ks[i]), reverse=direction == "desc")
+            cached = self._orders[key] = present + missing
+        return cached
 
 
-def filter_kernels(kernels: list[dict[str, Any]], params: dict[str, str | None]) -> dict[str, Any]:
-    """The /kernels answer for one report's kernel list and the request's parameters."""
+def filter_kernels(index: KernelIndex, params: dict[str, str | None]) -> dict[str, Any]:
+    """The /kernels answer for one report's kernels and the request's parameters."""
     sort = params.get("sort") or "total_us"
     order = (params.get("order") or "desc").lower()
     if order not in ("asc", "desc"):
         raise BadParam(f"order must be asc or desc, got {order!r}")
-    known_fields = set().union(*(k.keys() for k in kernels[:50])) if kernels else {"total_us"}
-    if sort not in known_fields:
-        raise BadParam(f"sort must be a kernel field ({', '.join(sorted(known_fields))}), "
+    if sort not in index.fields:
+        raise BadParam(f"sort must be a kernel field ({', '.join(sorted(index.fields))}), "
                        f"got {sort!r}")
     offset = parse_int(params.get("offset"), "offset", 0)
     limit = parse_int(params.get("limit"), "limit", 50, lo=1, hi=MAX_KERNEL_PAGE)
+    assert offset is not None and limit is not None
     tc = parse_bool(params.get("tc"), "tc")
     q = (params.get("q") or "").strip().lower()
     category = params.get("category") or None
     precision = params.get("precision") or None
 
-    selected = [
-        k for k in kernels
-        if (tc is None or bool(k.get("uses_tensor_cores")) == tc)
-        and (category is None or k.get("category") == category)
-        and (precision is None or k.get("precision") == precision)
-        and (not q or _matches_text(k, q))
-    ]
-    key = _sort_key(sort)
-    if order == "desc":
-        # Reverse on the value only, keeping None last.
-        present = [k for k in selected if k.get(sort) is not None]
-        missing = [k for k in selected if k.get(sort) is None]
-        selected = sorted(present, key=key, reverse=True) + missing
-    else:
-        selected = sorted(selected, key=key)
-    assert offset is not None and limit is not None
+    selected = index.select(sort, order, tc, category, precision, q)
     return {"total": len(selected), "offset": offset, "limit": limit,
-            "kernels": selected[offset:offset + limit]}
+            "kernels": [index.kernels[i] for i in selected[offset:offset + limit]]}
 
 
 def _kernel_entry(kernel: dict[str, Any]) -> dict[str, Any]:
