@@ -46,12 +46,14 @@ FIRST_PAINT_TARGET_MS = 1000.0
 BUNDLE = REPO / "tb_gpuprof" / "static" / "index.js"
 # First paint: the summary cards and the top-kernels table (what answers "how fast, which
 # kernels"); the charts are drawn right after, in effects, and are timed separately.
+# Each condition returns performance.now() of the animation frame where it first holds.
 PAINTED = """() => {
   const v = document.querySelector('[data-testid=card-iter] .value');
-  return !!(v && v.textContent && document.querySelector('[data-testid=top-kernels] tbody tr'));
+  const ok = v && v.textContent && document.querySelector('[data-testid=top-kernels] tbody tr');
+  return ok ? performance.now() : false;
 }"""
 CHARTS = """() => ['iter-chart', 'tc-pie', 'breakdown-chart'].every(
-  (id) => document.querySelector(`[data-testid=${id}] canvas`))"""
+  (id) => document.querySelector(`[data-testid=${id}] canvas`)) ? performance.now() : false"""
 RESOURCES = """() => Object.fromEntries(performance.getEntriesByType('resource').map(
   (e) => [e.name.split('/').pop().split('?')[0],
           [Math.round(e.startTime), Math.round(e.responseEnd)]]))"""
@@ -92,8 +94,7 @@ def wait_for_runs(base: str, names: list[str], timeout: float = 300.0) -> float:
 
 def paint_ms(page, condition: str = PAINTED) -> float:
     """ms from navigation start until ``condition`` holds (measured in the page's clock)."""
-    page.wait_for_function(condition, timeout=60_000, polling="raf")
-    return page.evaluate("performance.now()")
+    return float(page.wait_for_function(condition, timeout=60_000, polling="raf").json_value())
 
 
 def first_paint(browser, base: str, repeat: int) -> dict[str, object]:
