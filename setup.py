@@ -32,6 +32,9 @@ setup(
         "torch": ["torch>=2.1"],
         "keras": ["keras>=3.0"],
         "test": TEST_REQUIRES,
+        # benchmarks/bench_parse.py runs torch-tb-profiler side by side (it pulls in pandas;
+        # only the benchmark uses it, never the package).
+        "benchmarks": ["torch-tb-profiler==0.4.3"],
     },
     entry_points={
         "console_scripts": ["tb-gpuprof=tb_gpuprof.cli:main"],

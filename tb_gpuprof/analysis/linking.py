@@ -54,9 +54,10 @@ def link_launches(profile: Profile, is_eligible
     for i, op in enumerate(profile.cpu_ops):
         by_tid.setdefault(op.tid, []).append((op.start_us, -op.dur_us, 0, i))
     host_ann = [a for a in profile.annotations if not a.on_gpu]
+    # Annotations carry no tid in the model: put them on every thread that launches work.
+    launch_tids = {r.tid for r in profile.runtime} or {0}
     for i, a in enumerate(host_ann):
-        # Annotations carry no tid in the model: put them on every thread that launches work.
-        for tid in {r.tid for r in profile.runtime} or {0}:
+        for tid in launch_tids:
             by_tid.setdefault(tid, []).append((a.start_us, -a.dur_us, 1, i))
     for i, r in enumerate(profile.runtime):
         if r.correlation is not None:
@@ -80,18 +81,25 @@ def link_launches(profile: Profile, is_eligible
     for events in by_tid.values():
         events.sort()
         stack: list[tuple[float, int, int]] = []  # (end, kind, index)
+        cached: tuple | None = None  # the stack's summary, valid until the stack changes
         for start, _neg, kind, idx in events:
             while stack and stack[-1][0] <= start:
                 stack.pop()
+                cached = None
             if kind == 0:
                 op = profile.cpu_ops[idx]
                 stack.append((op.start_us + op.dur_us, 0, idx))
+                cached = None
                 continue
             if kind == 1:
                 a = host_ann[idx]
                 stack.append((a.start_us + a.dur_us, 1, idx))
+                cached = None
                 continue
             call = profile.runtime[idx]
+            if cached is not None:
+                out[call.correlation] = LaunchContext(call.start_us, *cached)
+                continue
             outer = inner = None
             flop_op = None
             is_elig = False
@@ -121,6 +129,6 @@ def link_launches(profile: Profile, is_eligible
                         types = op.input_types
                 if op.stack and source is None:
                     source = _user_frame(op)
-            out[call.correlation] = LaunchContext(call.start_us, outer, inner, is_elig, phase,
-                                                  flop_op, types, source)
+            cached = (outer, inner, is_elig, phase, flop_op, types, source)
+            out[call.correlation] = LaunchContext(call.start_us, *cached)
     return out, {i: f for i, f in flops_cache.items() if f}
