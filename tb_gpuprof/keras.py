@@ -259,6 +259,11 @@ class GpuProfCallback(keras.callbacks.Callback):
             return not t.is_alive()
         return True
 
+    @property
+    def iteration_times_ms(self) -> list[float]:
+        """The always-on per-step times measured so far (ms, in step order per thread)."""
+        return list(self._wall_ms)
+
     # -- per execution -----------------------------------------------------------------------
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
