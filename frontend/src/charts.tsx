@@ -59,9 +59,13 @@ function safeTooltip(t: unknown): unknown {
   return t;
 }
 
-export function safeOption(option: Option): Option {
+export function safeOption(option: Option, dark = false): Option {
   const out: Option = { color: PALETTE, animation: false, ...option, aria: { enabled: false } };
   out.tooltip = option.tooltip === undefined ? { show: false, renderMode: "richText" } : safeTooltip(option.tooltip);
+  if (dark && Array.isArray(option.series)) {
+    // ECharts outlines outside labels with a light halo meant for white backgrounds
+    out.series = option.series.map((s: Option) => ({ ...s, label: { color: "#ddd", ...(s.label as Option), textBorderWidth: 0 } }));
+  }
   return out;
 }
 
@@ -91,7 +95,7 @@ export function Chart({ option, dark, height = 260, label, testId }: ChartProps)
   }, [dark]);
 
   useEffect(() => {
-    chart.current?.setOption(safeOption(option), true);
+    chart.current?.setOption(safeOption(option, dark), true);
   }, [option, dark]);
 
   return <div class="chart" ref={el} style={{ height: `${height}px` }} role="img" aria-label={label} data-testid={testId} />;

@@ -97,7 +97,8 @@ function TensorCorePie({ report, dark }: { report: Report; dark: boolean }) {
       tooltip: { trigger: "item", formatter: (p: { name: string; value: number; percent: number }) => `${p.name}: ${fmtUs(p.value)} (${fmtPct(p.percent)})` },
       legend: { bottom: 0, type: "scroll" },
       series: [{ type: "pie", radius: ["40%", "68%"], center: ["50%", "44%"], label: { formatter: (p: { percent: number }) => fmtPct(p.percent) },
-        data: rows.map((r) => ({ name: r.name, value: r.value, itemStyle: { color: r.color } })) }],
+        // empty slices would only stack "0.0%" labels on each other; the table lists them
+        data: rows.filter((r) => r.value > 0).map((r) => ({ name: r.name, value: r.value, itemStyle: { color: r.color } })) }],
     };
   }, [tc]);
   if (!tc) return <Empty>no Tensor Core data</Empty>;
