@@ -290,7 +290,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
         "system": _system(profile, env),
         "iterations": {
             "method": plan.method, "key": plan.key, "count": len(windows),
-            "range": _step_range(windows),
+            "range": _step_range(windows)[0], "range_kind": _step_range(windows)[1],
             "mean_ms": round(statistics.fmean(walls), 4),
             "median_ms": round(statistics.median(walls), 4),
             "min_ms": round(min(walls), 4), "max_ms": round(max(walls), 4),
@@ -381,19 +381,31 @@ def _percentile(values: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _step_range(windows: list[IterationWindow]) -> list[int] | None:
+def _step_range(windows: list[IterationWindow]) -> tuple[list[int], str]:
+    """First and last step number, or 0-based iteration indices when markers carry none."""
     steps = [w.step for w in windows if w.step is not None]
     if len(steps) != len(windows):
-        return [windows[0].index, windows[-1].index]
-    return [min(steps), max(steps)]
+        return [windows[0].index, windows[-1].index], "index"
+    return [min(steps), max(steps)], "step"
+
+
+def _cuda_version(v: Any) -> str | None:
+    """13000 -> "13.0" (CUDA's integer encoding, as Kineto records it)."""
+    if isinstance(v, int) and v >= 1000:
+        return f"{v // 1000}.{(v % 1000) // 10}"
+    return str(v) if v else None
 
 
 def _system(profile: Profile, env: dict[str, Any] | None) -> dict[str, Any]:
     md = profile.metadata
+    framework = md.get("framework") or ("pytorch" if profile.format == "kineto" else None)
     system: dict[str, Any] = {"gpu_name": None, "compute_capability": None, "num_sms": None,
-                              "gpu_memory_bytes": None, "cuda_runtime": md.get("cuda_runtime"),
-                              "cuda_driver": md.get("cuda_driver"),
-                              "framework": md.get("framework"),
+                              "gpu_memory_bytes": None,
+                              "cuda_runtime": md.get("cuda_runtime")
+                              or _cuda_version(md.get("cuda_runtime_version")),
+                              "cuda_driver": md.get("cuda_driver")
+                              or _cuda_version(md.get("cuda_driver_version")),
+                              "framework": framework,
                               "framework_version": md.get("framework_version"),
                               "flags": {}, "distributed": md.get("distributed")}
     if profile.devices:
