@@ -196,6 +196,9 @@ class GpuProfLogdir:
 
     path: Path
     expected: dict[tuple[str, int], dict[str, Any]]  # (run, step) -> report as JSON
+
+    def latest(self, run: str) -> dict[str, Any]:
+        return self.expected[max(k for k in self.expected if k[0] == run)]
     outside_file: Path  # what linked's trace symlink points at
 
 
@@ -212,7 +215,7 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
 
     from tb_gpuprof.analysis.report import build_report
     from tb_gpuprof.store import schema
-    from tb_gpuprof.store.reader import load_run_report
+    from tb_gpuprof.store.reader import load_run_report, stored_reports
     from tb_gpuprof.store.writer import EventWriter, _blob_summary
 
     root = tmp_path_factory.mktemp("gpuprof_logdir")
@@ -220,8 +223,8 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
     shutil.copytree(imported_logdir, logdir)
     expected: dict[tuple[str, int], dict[str, Any]] = {}
     for run in ("kineto", "xplane"):
-        rep = load_run_report(str(logdir / run))
-        expected[(run, rep["iterations"]["range"][1] or 0)] = rep
+        (stored,) = stored_reports(str(logdir / run))
+        expected[(run, stored.step)] = load_run_report(str(logdir / run))
 
     # Windows of the real kineto trace, one iteration each, alternating with the xplane one;
     # the generator field marks the window so that a mix-up between steps shows.

@@ -111,7 +111,7 @@ def test_report_errors(client, params, code, needle):
 
 
 def test_kernels_sort_filter_and_page(client, gpuprof_logdir):
-    report = gpuprof_logdir.expected[("kineto", 3)]
+    report = gpuprof_logdir.latest("kineto")
     kernels = report["kernels"]
     status, page = get_json(client, "/kernels", run="kineto", limit=5, offset=2)
     assert status == 200
@@ -163,7 +163,7 @@ def test_scalars(client):
 def test_compare(client, gpuprof_logdir):
     status, body = get_json(client, "/compare", runs="kineto,xplane")
     assert status == 200
-    kin, xla = gpuprof_logdir.expected[("kineto", 3)], gpuprof_logdir.expected[("xplane", 0)]
+    kin, xla = gpuprof_logdir.latest("kineto"), gpuprof_logdir.latest("xplane")
     assert [r["run"] for r in body["runs"]] == ["kineto", "xplane"]
     assert body["runs"][0]["iterations"]["mean_ms"] == kin["iterations"]["mean_ms"]
     assert body["runs"][1]["top_kernels"] == xla["kernels"][:10]
@@ -223,7 +223,7 @@ def test_static_files_stay_in_the_static_folder(client):
 
 
 def test_kernels_sort_puts_missing_values_last(client, gpuprof_logdir):
-    kernels = gpuprof_logdir.expected[("kineto", 3)]["kernels"]
+    kernels = gpuprof_logdir.latest("kineto")["kernels"]
     # A numeric field the real report leaves null for some kernels (e.g. flops, occupancy).
     field = next(f for f in kernels[0]
                  if any(k.get(f) is None for k in kernels)
