@@ -170,14 +170,14 @@ def _batches(cfg: TrainConfig, torch: Any) -> tuple[Any, int]:
         x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, device=cfg.device)
         y = torch.randint(0, cfg.num_classes, (cfg.batch_size,), device=cfg.device)
         return _repeat((x, y)), cfg.num_classes
+    if not os.path.isdir(cfg.data):
+        raise GpuProfError(f"{cfg.data}: not a directory (--data wants an image folder with one "
+                           "sub-folder per class)")
     if importlib.util.find_spec("torchvision") is None:
         raise GpuProfError("--data needs torchvision (pip install torchvision) to read an image "
                            "folder; without --data the demo uses synthetic images")
     from torchvision import datasets, transforms
 
-    if not os.path.isdir(cfg.data):
-        raise GpuProfError(f"{cfg.data}: not a directory (--data wants an image folder with one "
-                           "sub-folder per class)")
     tf = transforms.Compose([transforms.RandomResizedCrop(cfg.image_size),
                              transforms.RandomHorizontalFlip(), transforms.ToTensor(),
                              transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
