@@ -33,3 +33,7 @@ class SchemaVersionError(GpuProfError):
 
 class RunNotFoundError(GpuProfError):
     """A log directory or run holds no tb_gpuprof data."""
+
+
+class StoredDataError(GpuProfError):
+    """A stored gpuprof blob is corrupt, truncated or in an encoding we do not know."""

@@ -15,7 +15,7 @@ import zlib
 from typing import Any
 
 from .. import REPORT_SCHEMA_VERSION
-from ..errors import GpuProfError, SchemaVersionError
+from ..errors import SchemaVersionError, StoredDataError
 
 PLUGIN_NAME = "gpuprof"
 ENCODING = "json+zlib"
@@ -36,8 +36,6 @@ _REPORT_TAG_RE = re.compile(r"^gpuprof/report/(\d+)(?:/rank(\d+))?$")
 _GPU_SCALAR_RE = re.compile(r"^gpuprof/gpu\d+/")
 
 
-class StoredDataError(GpuProfError):
-    """A stored gpuprof blob is corrupt, truncated or in an encoding we do not know."""
 
 
 def report_tag(step: int, rank: int | None = None) -> str:
