@@ -106,23 +106,48 @@ def jax_walk():
     return _walk_planes(FIXTURE.read_bytes())
 
 
-# -- the real JAX fixture -------------------------------------------------------------------------
-@needs_fixture
-def test_fixture_activity_per_stream_matches_independent_walk(jax_profile, jax_walk):
+# -- real GPU profiles: the fixture, plus any recorded ones named in TB_GPUPROF_EXTRA_XPLANES --
+REAL_GPU_XPLANES = [FIXTURE] + [Path(p) for p in os.environ.get(
+    "TB_GPUPROF_EXTRA_XPLANES", "").split(os.pathsep) if p]
+
+
+@pytest.mark.parametrize("path", REAL_GPU_XPLANES, ids=lambda p: p.name)
+def test_real_gpu_profile_matches_independent_walk(path):
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    walk = _walk_planes(path.read_bytes())
+    profile = read_xplane(path)
     expected: dict[tuple[int, int], int] = {}
-    for plane in jax_walk:
+    for plane in walk:
         m = re.match(r"/device:GPU:(\d+)$", plane["name"])
         for line_name, events in plane["lines"] if m else []:
             s = re.match(r"Stream #(\d+)", line_name)
             if s:
-                expected[(int(m[1]), int(s[1]))] = len(events)
+                expected[(int(m[1]), int(s[1]))] = len([
+                    1 for _n, st in events
+                    if not any(k.lower().startswith(("memalloc", "memfree", "memoryresidency"))
+                               for k in st)])
     assert expected, "the walk found no GPU stream lines"
     got: dict[tuple[int, int], int] = {}
-    for a in jax_profile.gpu:
+    for a in profile.gpu:
         got[(a.device, a.stream)] = got.get((a.device, a.stream), 0) + 1
     assert got == expected
+    assert {d.id for d in profile.devices} >= {dev for dev, _s in expected}
+    # host and device share one clock: a launch (runtime call, same correlation id) comes
+    # before its kernel, and each stream starts work in launch order (ends may overlap:
+    # Hopper's programmatic dependent launch lets the next kernel start early)
+    launches = {r.correlation: r for r in profile.runtime if r.correlation is not None}
+    linked = [a for a in profile.gpu if a.correlation in launches]
+    assert len(linked) >= 0.9 * len(profile.gpu)
+    for a in linked:
+        assert launches[a.correlation].start_us <= a.start_us
+    for key in expected:
+        on_stream = [a.correlation for a in profile.gpu
+                     if (a.device, a.stream) == key and a.correlation in launches]
+        assert on_stream == sorted(on_stream, key=lambda c: launches[c].start_us)
 
 
+# -- the real JAX fixture -------------------------------------------------------------------------
 @needs_fixture
 def test_fixture_kinds_and_launch_parameters(jax_profile, jax_walk):
     gpu_events = [ev for p in jax_walk if p["name"].startswith("/device:GPU:")
@@ -160,17 +185,8 @@ def test_fixture_fp32_and_bf16_convs_and_their_ops(jax_profile):
 
 
 @needs_fixture
-def test_fixture_one_clock_launch_precedes_execution(jax_profile, jax_walk):
-    launches = {r.correlation: r for r in jax_profile.runtime if r.correlation is not None}
+def test_fixture_times_inside_the_profile_window(jax_profile, jax_walk):
     assert all(a.correlation is not None for a in jax_profile.gpu)
-    for a in jax_profile.gpu:
-        call = launches[a.correlation]  # host and device on one clock: launch comes first
-        assert call.start_us <= a.start_us
-        assert a.start_us - call.start_us < 10_000  # and not absurdly long before
-    # one stream starts work in launch order (ends may overlap: Hopper's programmatic
-    # dependent launch lets the next kernel start early)
-    by_start = sorted(jax_profile.gpu, key=lambda a: a.start_us)
-    assert [a.correlation for a in by_start] == sorted(a.correlation for a in by_start)
     env = next(p for p in jax_walk if p["name"] == "Task Environment")["stats"]
     window_us = (env["profile_stop_time"] - env["profile_start_time"]) / 1e3
     for seq in (jax_profile.gpu, jax_profile.runtime, jax_profile.annotations):

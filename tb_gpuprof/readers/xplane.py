@@ -16,6 +16,11 @@ by length. What comes out:
   events with a ``correlation_id`` as RuntimeCall, other TraceMe ranges as USER annotations.
   ``/host:CUPTI`` lines (older TF) -> RuntimeCall. Python-tracer frames (``$file:line fn``)
   and zero-length instants are dropped.
+* A CPU-only TensorFlow profile (no GPU planes) gives a Profile with no GPU activity and no
+  devices, but host data: STEP annotations, CpuOps for the executed TF ops, USER ranges.
+* Metadata: ``hostnames``, XSpace errors/warnings, ``/host:metadata`` stats (JAX writes its
+  version and CUDA versions there: ``framework``, ``framework_version``, ``cuda_runtime``,
+  ``cuda_driver``), ``time_origin_ns`` / ``profile_duration_us`` from "Task Environment".
 * Times: ``line.timestamp_ns + event.offset_ps``; every plane shares one base (the profiler
   normalizes to the profile start), so microseconds here are one clock for the whole profile.
 """
