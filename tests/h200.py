@@ -10,9 +10,9 @@ from tb_gpuprof.analysis.report import build_report
 from tb_gpuprof.readers import load_profile
 
 DATA = Path(__file__).parent / "data" / "h200"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-TRANSFORMER = SHARED / "kineto_transformer_bf16_h200.json.gz"
-JAX_CONV = SHARED / "jax_conv_h200.xplane.pb"
+# Copies of shared/fixtures, so the tests run from a plain clone (tests/data/h200/README.md).
+TRANSFORMER = DATA.parent / "kineto_transformer_bf16_h200.json.gz"
+JAX_CONV = DATA.parent / "jax_conv_h200.xplane.pb"
 
 
 @functools.cache

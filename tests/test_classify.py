@@ -26,7 +26,7 @@ from tb_gpuprof.analysis.classify import (
 from tb_gpuprof.analysis.demangle import demangle
 
 DATA = Path(__file__).parent / "data" / "kernel_names.tsv"
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "data"  # copies of shared/fixtures
 KINETO = FIXTURES / "kineto_transformer_bf16_h200.json.gz"
 XPLANE = FIXTURES / "jax_conv_h200.xplane.pb"
 
