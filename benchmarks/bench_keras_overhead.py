@@ -129,7 +129,7 @@ def in_fit(args: argparse.Namespace, model: keras.Model, logdir: str) -> dict:
     plan = [False] * warm + [on for _ in range(args.groups) for on in ABBA]
     sw = Switch(GpuProfCallback(logdir, iter_start=None), args.block, plan)
     model.fit(batches(args), steps_per_epoch=len(plan) * args.block, epochs=1, verbose=0,
-              callbacks=[sw])
+              shuffle=False, callbacks=[sw])
     b = args.block
     per_step = {True: [], False: []}
     for i in range(warm, len(plan)):
@@ -146,14 +146,15 @@ def in_fit(args: argparse.Namespace, model: keras.Model, logdir: str) -> dict:
 
 def whole_fits(args: argparse.Namespace, model: keras.Model, logdir: str) -> dict:
     data = batches(args)
-    model.fit(data, steps_per_epoch=args.block, epochs=1, verbose=0)  # warm
+    model.fit(data, steps_per_epoch=args.block, epochs=1, verbose=0, shuffle=False)  # warm
     times: dict[bool, list[float]] = {True: [], False: []}
     for g in range(args.fit_groups):
         for on in ABBA:
             cbs = [GpuProfCallback(os.path.join(logdir, f"fit_{g}_{len(times[on])}"))] \
                 if on else []
             t0 = time.perf_counter()
-            model.fit(data, steps_per_epoch=args.block, epochs=1, verbose=0, callbacks=cbs)
+            model.fit(data, steps_per_epoch=args.block, epochs=1, verbose=0, shuffle=False,
+                      callbacks=cbs)
             times[on].append((time.perf_counter() - t0) / args.block * 1e3)
     on, off = statistics.median(times[True]), statistics.median(times[False])
     return {"fits_each": len(times[True]), "steps_per_fit": args.block,
