@@ -172,10 +172,15 @@ class GpuProfCallback(keras.callbacks.Callback):
                 self._dead = False
             if not self._dead:
                 self._open()
-            model = self._model  # not self.model: on JAX that property syncs the state
-            self._spe = max(int(getattr(model, "steps_per_execution", 1) or 1), 1)
+            self._spe = max(int(getattr(self._keras_model(), "steps_per_execution", 1) or 1), 1)
         except Exception as e:
             self._bug(e)
+
+    def _keras_model(self) -> Any:
+        """The model without Keras 3's ``model`` property, which syncs the JAX state; Keras 2
+        keeps it in a plain ``model`` attribute."""
+        model = self.__dict__.get("_model")
+        return model if model is not None else self.__dict__.get("model")
 
     def _setup(self) -> None:
         self.backend = _keras_env.keras_backend(keras)
@@ -375,7 +380,8 @@ class GpuProfCallback(keras.callbacks.Callback):
                     ("async" if self.batch_end_async else "sync")}
         if self._window_mem:
             observed["memory_peak_bytes"] = int(max(self._window_mem) * 2**20)
-        env = _keras_env.record_env(keras, self.backend or "", self._fw, self._model, observed)
+        env = _keras_env.record_env(keras, self.backend or "", self._fw, self._keras_model(),
+                                  observed)
         self.env = env
         self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
                                           args=(win, last_step, env))
