@@ -4,6 +4,7 @@ from facts about the recording (fixtures/README.md) and the hardware, never from
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -491,8 +492,6 @@ print(json.dumps({"custom": find(custom), "custom_steps": steps,
 
 
 def _tensorflow_importable() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("tensorflow") is not None
 
 
@@ -535,3 +534,42 @@ def test_keras_tensorboard_callback_profile(tf_profiles):
     assert [a.step for a in steps] == tf_profiles["keras_batches"]
     assert all(a.name == "Profiled batch" for a in steps)
     assert p.gpu == [] and p.cpu_ops
+
+
+# -- a profile written by JAX itself (CPU) --------------------------------------------------------
+_JAX_SCRIPT = r"""
+import glob, json, os, sys
+import jax, jax.numpy as jnp
+out = sys.argv[1]
+x = jnp.ones((8, 16, 16, 4), jnp.float32)
+w = jnp.ones((3, 3, 4, 8), jnp.float32)
+f = jax.jit(lambda x, w: jax.nn.relu(jax.lax.conv_general_dilated(
+    x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))))
+f(x, w).block_until_ready()
+steps = [5, 6, 7]
+jax.profiler.start_trace(out)
+for s in steps:
+    with jax.profiler.StepTraceAnnotation("train", step_num=s):
+        f(x, w).block_until_ready()
+jax.profiler.stop_trace()
+print(json.dumps({"paths": glob.glob(os.path.join(out, "**", "*.xplane.pb"), recursive=True),
+                  "steps": steps, "version": jax.__version__}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax is not installed")
+def test_jax_step_trace_annotation_profile(tmp_path):
+    """JAX on CPU: StepTraceAnnotation(step_num=) ranges become numbered STEP annotations."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", _JAX_SCRIPT, str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    info = json.loads(run.stdout.strip().splitlines()[-1])
+    (path,) = info["paths"]
+    p = read_xplane(path)
+    steps = [a for a in p.annotations if a.kind == STEP]
+    assert [(a.name, a.step) for a in steps] == [("train", s) for s in info["steps"]]
+    assert p.gpu == []
+    assert p.metadata["framework"] == "jax"
+    assert p.metadata["framework_version"] == info["version"]
