@@ -10,6 +10,7 @@ TEST_REQUIRES = [
     "tensorflow-cpu>=2.16",
     "keras>=3.3",
     "playwright>=1.45",
+    "lightning>=2.0",  # the Lightning callback's test runs a real Trainer on CPU
 ]
 
 setup(

@@ -89,6 +89,9 @@ def _name_prefix(name: str) -> str:
 def plan_iterations(profile: Profile, key: str | None = None) -> IterationPlan:
     host = _host_ranges(profile)
     steps = [a for a in host if a.kind == STEP]
+    if not steps:
+        # Some profiles mark steps only on the GPU timeline (XPlane "Steps" lines).
+        steps = [a for a in profile.annotations if a.on_gpu and a.kind == STEP]
     if steps:
         return IterationPlan("profiler_step", _name_prefix(steps[0].name),
                              _windows_from_ranges(_dedupe_nested(steps)))

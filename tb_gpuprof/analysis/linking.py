@@ -101,6 +101,7 @@ def link_launches(profile: Profile, is_eligible
                 out[call.correlation] = LaunchContext(call.start_us, *cached)
                 continue
             outer = inner = None
+            saw_op = False
             flop_op = None
             is_elig = False
             phase = FORWARD
@@ -113,6 +114,7 @@ def link_launches(profile: Profile, is_eligible
                         phase = OPTIMIZER_PHASE
                     continue
                 op = profile.cpu_ops[j]
+                saw_op = True
                 name = op.name
                 if name.startswith("autograd::engine::evaluate_function") or "Backward" in name:
                     if phase != OPTIMIZER_PHASE:
@@ -129,6 +131,8 @@ def link_launches(profile: Profile, is_eligible
                         types = op.input_types
                 if op.stack and source is None:
                     source = _user_frame(op)
+            if not saw_op and phase == FORWARD:
+                phase = None  # no framework op around the launch (XLA, raw CUDA): unknown
             cached = (outer, inner, is_elig, phase, flop_op, types, source)
             out[call.correlation] = LaunchContext(call.start_us, *cached)
     return out, {i: f for i, f in flops_cache.items() if f}

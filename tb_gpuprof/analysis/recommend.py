@@ -199,6 +199,8 @@ def rule_channels_last(report: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def rule_input_pipeline(report: dict[str, Any]) -> dict[str, Any] | None:
+    if not _gpu_us(report):
+        return None  # a CPU-only trace says nothing about a GPU waiting
     wall = report["breakdown"]["wall_us"]
     idle_dl = report["breakdown"]["idle_attribution_us"]["data_loading"]
     wait_ms = (report.get("system") or {}).get("data_wait_mean_ms")
@@ -254,6 +256,8 @@ def rule_compile(report: dict[str, Any]) -> dict[str, Any] | None:
     flags = _flags(report)
     if flags.get("compiled") or flags.get("jit_compile") or _framework(report) == "jax":
         return None
+    if not _gpu_us(report):
+        return None  # no GPU work in the trace: nothing to say about launch overhead
     if report["source"]["format"] == "xplane" and _framework(report) is None:
         return None  # XLA programs are already compiled
     bd = report["breakdown"]

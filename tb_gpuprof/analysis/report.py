@@ -325,7 +325,9 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
             "idle_attribution_us": {k: round(v, 3) for k, v in idle_attr.items()},
         },
         "phases": ({"method": "autograd", **{f"{p}_ms": round(v / len(windows) / 1e3, 4)
-                                             for p, v in phase_us.items()}}
+                                             for p, v in phase_us.items()},
+                    "unattributed_ms": round(max(gpu_time - sum(phase_us.values()), 0.0)
+                                             / len(windows) / 1e3, 4)}
                    if phase_known else None),
         "telemetry": telemetry,
         "recommendations": [],
