@@ -62,6 +62,15 @@ def demo_logdir(tmp_path_factory: pytest.TempPathFactory
     return logdir, proc
 
 
+def test_demo_module_imports_no_framework():
+    code = ("import sys, tb_gpuprof.demo; "
+            "print(','.join(m for m in ('torch', 'tensorflow', 'jax', 'keras') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "", f"importing tb_gpuprof.demo pulled in: {out}"
+
+
 def test_package_ships_the_h200_ladder():
     names = [p.name for p in sample_runs()]
     assert len(names) >= 4
