@@ -8,7 +8,7 @@
 
 Defaults: on a GPU, torchvision's ResNet-50 (or the same architecture built in, without
 torchvision) at 224 px, batch 256, window [20, 24); on a CPU, a half-width ResNet-18 at 64 px,
-batch 16, window [5, 8), which finishes in well under a minute. Synthetic data unless
+batch 16, window [10, 13), which finishes in well under a minute. Synthetic data unless
 ``--data DIR`` names an image folder (one sub-folder per class; needs torchvision).
 The training loop itself is ``tb_gpuprof.demo.train`` (shared with ``tb-gpuprof demo``).
 """

@@ -49,9 +49,9 @@ class TrainConfig:
     batch_size: int = 16
     image_size: int = 64
     num_classes: int = 10
-    iterations: int = 12
-    iter_start: int = 5
-    iter_stop: int = 8
+    iterations: int = 30
+    iter_start: int = 10
+    iter_stop: int = 13
     tf32: bool | None = None  # None: leave PyTorch's defaults
     amp: bool = False
     amp_dtype: str = "float16"  # float16 | bfloat16 (CPU autocast always uses bfloat16)
@@ -256,7 +256,7 @@ def summarize(result: dict[str, Any]) -> str:
     verdict = (f"recommends {', '.join(recs)}" if recs else "no recommendations") if report \
         else "no report (see the warnings above)"
     return (f"{result['iterations']} iterations, median {median:.1f} ms "
-            f"(hook's wall clock, includes the profiled window); report {verdict}")
+            f"(hook's wall clock, includes the profiled window); report: {verdict}")
 
 
 # -- the demo -------------------------------------------------------------------------------
