@@ -20,6 +20,9 @@ import os
 import sys
 from typing import Any
 
+# A checkout works without `pip install`: an installed tb_gpuprof still wins.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
+
+# A checkout works without `pip install`: an installed tb_gpuprof still wins.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
