@@ -23,8 +23,11 @@ from tb_gpuprof.readers.xplane import parse_kernel_details, read_xplane
 from tests import xplane_builder as xb
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = Path(os.environ.get("TB_GPUPROF_FIXTURES", REPO.parent / "shared" / "fixtures")) / (
+# Copies of the shared H200 fixtures live in tests/data (tests/data/h200/README.md).
+FIXTURE = Path(os.environ.get("TB_GPUPROF_FIXTURES", REPO / "tests" / "data")) / (
     "jax_conv_h200.xplane.pb")
+# jax.profiler on the H200 with StepTraceAnnotation("train", step_num=5..8): gpu/jax_steps.py
+JAX_STEPS = REPO / "tests" / "data" / "jax_steps_h200.xplane.pb"
 needs_fixture = pytest.mark.skipif(not FIXTURE.exists(), reason=f"fixture {FIXTURE} not present")
 
 
@@ -108,7 +111,7 @@ def jax_walk():
 
 
 # -- real GPU profiles: the fixture, plus any recorded ones named in TB_GPUPROF_EXTRA_XPLANES --
-REAL_GPU_XPLANES = [FIXTURE] + [Path(p) for p in os.environ.get(
+REAL_GPU_XPLANES = [FIXTURE, JAX_STEPS] + [Path(p) for p in os.environ.get(
     "TB_GPUPROF_EXTRA_XPLANES", "").split(os.pathsep) if p]
 
 
@@ -573,3 +576,15 @@ def test_jax_step_trace_annotation_profile(tmp_path):
     assert p.gpu == []
     assert p.metadata["framework"] == "jax"
     assert p.metadata["framework_version"] == info["version"]
+
+
+def test_real_gpu_step_annotations_number_the_iterations():
+    from tb_gpuprof.analysis.report import build_report
+
+    profile = read_xplane(JAX_STEPS)
+    steps = sorted(a.step for a in profile.annotations if a.kind == STEP and not a.on_gpu)
+    assert steps == [5, 6, 7, 8]  # what gpu/jax_steps.py annotated
+    rep = build_report(profile)
+    assert rep["iterations"]["method"] == "profiler_step"
+    assert rep["iterations"]["range"] == [5, 8]
+    assert any(k["uses_tensor_cores"] and k["category"] == "conv" for k in rep["kernels"])
