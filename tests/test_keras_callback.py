@@ -21,7 +21,7 @@ from tb_gpuprof import cli
 from tb_gpuprof.store.reader import event_files, iter_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE_XPLANE = "/work/shared/fixtures/jax_conv_h200.xplane.pb"
+FIXTURE_XPLANE = os.path.join(ROOT, "tests", "data", "jax_conv_h200.xplane.pb")  # real H200
 SAMPLES, BATCH = 96, 8  # 12 steps an epoch
 
 
@@ -216,7 +216,7 @@ def check_robustness(out: str, res: dict) -> None:
 
 def check_flags_reach_recommendations(res: dict) -> None:
     if "fixture_recs" not in res:
-        pytest.skip("the H200 fixtures are not available")
+        pytest.fail(f"{FIXTURE_XPLANE} is missing (it ships in tests/data)")
     # the same GPU profile: FP32 policy -> AMP advice; a mixed policy silences it
     assert "amp" in res["fixture_recs"]["fp32"]
     assert "amp" not in res["fixture_recs"]["mixed_spe3"]
