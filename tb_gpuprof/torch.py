@@ -60,7 +60,9 @@ class GpuProfiler:
     """Profile a PyTorch training loop; call :meth:`step` at the end of every iteration.
 
     Args:
-        logdir: the run directory (one TensorBoard run); created if missing.
+        logdir: the run directory (one TensorBoard run); created if missing. Under
+            ``torch.distributed`` (or a launcher's ``RANK``) rank 0 writes there and rank r > 0
+            into ``logdir/rank<r>``; every rank profiles the same iterations (docs/distributed.md).
         iter_start: first iteration of the profile window (0 = the first iteration after
             ``start()``). ``None``: no window, always-on measurements only.
         iter_stop: iteration the window stops before (exclusive); default ``iter_start + 1``.
@@ -100,6 +102,10 @@ class GpuProfiler:
             raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
                              f"({iter_start})")
         self.logdir = os.fspath(logdir)
+        # Where this process writes: ``logdir``, or ``logdir/rank<r>`` for rank r > 0 (set at
+        # start(), once torch.distributed is up).
+        self.run_dir = self.logdir
+        self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
         self.iter_start = iter_start
         self.iter_stop = iter_stop if iter_start is not None else None
         self.key = key
@@ -183,6 +189,14 @@ class GpuProfiler:
             cuda = False
         self.cuda = cuda
         self._device = torch.cuda.current_device() if cuda else None
+        self.distributed = _torch_env.distributed_info(torch)
+        rank = self.distributed["rank"]
+        if rank > 0:
+            # Each rank > 0 is its own sub-run: TensorBoard shows its scalars as their own
+            # curves (ranks sharing one run would write the same tags at the same steps), and
+            # the Python loader follows every rank live (it stops reading a run's older event
+            # files once a newer one appears). See docs/distributed.md.
+            self.run_dir = os.path.join(self.logdir, f"rank{rank}")
         w = self._want
         self._on = {"scalars": bool(w["scalars"]), "cuda_timing": cuda,
                     "memory": cuda and bool(w["memory"]), "nvtx": cuda and bool(w["nvtx"]),
@@ -211,12 +225,15 @@ class GpuProfiler:
     def _open_writer(self) -> None:
         from .store.writer import EventWriter
 
-        self._writer = EventWriter(self.logdir)
+        self._writer = EventWriter(self.run_dir)
 
     def _start_nvml(self) -> None:
         from .nvml.sampler import NvmlSampler
 
-        kwargs = {} if self.nvml_interval_s is None else {"interval_s": self.nvml_interval_s}
+        kwargs: dict[str, Any] = ({} if self.nvml_interval_s is None
+                                  else {"interval_s": self.nvml_interval_s})
+        if self.distributed["world_size"] > 1 and self._device is not None:
+            kwargs["devices"] = [self._device]  # every rank samples its own GPU only
         sampler = NvmlSampler(**kwargs)
         if not sampler.start():
             raise RuntimeError(sampler.unavailable_reason or "NVML unavailable")
@@ -588,9 +605,9 @@ class GpuProfiler:
                     shutil.copyfileobj(src, dst, 1 << 20)
                 from .store.writer import save_raw_trace
 
-                self.trace_path = save_raw_trace(self.logdir, packed, step)
+                self.trace_path = save_raw_trace(self.run_dir, packed, step)
                 # the temporary file is gone after this; name the copy the run keeps
-                report["source"]["path"] = os.path.relpath(self.trace_path, self.logdir)
+                report["source"]["path"] = os.path.relpath(self.trace_path, self.run_dir)
                 self._writer.add_report(report, step=step)
             self.report = report
         except Exception as e:
@@ -605,7 +622,7 @@ class GpuProfiler:
         """Rank 0 records what the run was (other ranks' scalars sit in their own files)."""
         if self._writer is None or self._torch is None:
             return
-        dist = _torch_env.distributed_info(self._torch)
+        dist = self.distributed  # as at start(): the process group may be gone by now
         if dist["rank"] != 0:
             return
         walls = sorted(self._wall_ms[1:] or self._wall_ms)  # iteration 0 includes warm-up

@@ -337,8 +337,11 @@ def test_each_rank_writes_its_own_files_and_only_rank_0_the_summary(tmp_path, mo
         with GpuProfiler(run, iter_start=1, iter_stop=3) as prof:
             train(prof, tiny_cnn(), batches(4))
         assert prof.env["distributed"] == {"rank": rank, "world_size": 2, "backend": None}
-    files = {os.path.basename(p): p for p in event_files(run)}
+    # rank 0 writes into the run, rank r > 0 into its own sub-run <run>/rank<r>
+    sub = os.path.join(run, "rank1")
+    files = {os.path.basename(p): p for p in event_files(run) + event_files(sub)}
     assert sorted(n.rsplit(".", 1)[-1] for n in files) == ["rank0", "rank1"]
+    assert [os.path.basename(p).rsplit(".", 1)[-1] for p in event_files(sub)] == ["rank1"]
     summaries = {}
     for name, path in files.items():
         for event in iter_events(path):
@@ -346,5 +349,5 @@ def test_each_rank_writes_its_own_files_and_only_rank_0_the_summary(tmp_path, mo
                 if v.tag == "gpuprof/run_summary":
                     summaries[name] = v
     assert list(summaries) == [n for n in files if n.endswith("rank0")]
-    traces = sorted(os.listdir(os.path.join(run, "plugins", "gpuprof", "traces")))
-    assert traces == ["step_2", "step_2.rank1"]
+    assert os.listdir(os.path.join(run, "plugins", "gpuprof", "traces")) == ["step_2"]
+    assert os.listdir(os.path.join(sub, "plugins", "gpuprof", "traces")) == ["step_2.rank1"]

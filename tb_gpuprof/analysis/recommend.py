@@ -297,12 +297,15 @@ RULES: list[Callable[[dict[str, Any]], dict[str, Any] | None]] = [
 
 def _extra_rules(report: dict[str, Any]) -> list[dict[str, Any]]:
     """NVML- and distributed-based rules live next to their data; use them when present."""
-    telemetry = report.get("telemetry")
-    if not telemetry:
-        return []
-    from ..nvml.advice import nvml_recommendations
+    from .distributed import distributed_recommendations
 
-    return nvml_recommendations(telemetry, telemetry.get("topology"))
+    recs = distributed_recommendations(report)
+    telemetry = report.get("telemetry")
+    if telemetry:
+        from ..nvml.advice import nvml_recommendations
+
+        recs.extend(nvml_recommendations(telemetry, telemetry.get("topology")))
+    return recs
 
 
 def recommend(report: dict[str, Any]) -> list[dict[str, Any]]:

@@ -330,14 +330,17 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                                              / len(windows) / 1e3, 4)}
                    if phase_known else None),
         "telemetry": telemetry,
+        "distributed": None,
         "recommendations": [],
         "warnings": warnings,
     }
     if not profile.gpu:
         warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
                         "Tensor Core and kernel views are empty")
+    from .distributed import communication_section
     from .recommend import recommend
 
+    report["distributed"] = communication_section(profile, report)
     report["recommendations"] = recommend(report)
     return report
 

@@ -7,6 +7,7 @@ the data provider (the same code serves ``--load_fast=false``). Decoded reports 
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -32,6 +33,13 @@ DEFAULT_BLOB_SAMPLES = 100
 REPORT_CACHE_SIZE = 16
 ACTIVE_CACHE_SECS = 10.0
 _TRACE_DIR_RE = re.compile(r"^step_(\d+)(?:\.rank(\d+))?$")
+_RANK_RUN_RE = re.compile(r"^(?:(.+)/)?rank(\d+)$")  # the sub-run a rank r > 0 writes into
+
+
+def _rank_sub_run(name: str) -> tuple[str, int] | None:
+    """(parent run, rank) of a rank's sub-run name ("ddp/rank1"; "rank1" under run ".")."""
+    m = _RANK_RUN_RE.match(name)
+    return (m.group(1) or ".", int(m.group(2))) if m else None
 
 
 class HttpError(Exception):
@@ -193,6 +201,41 @@ class GpuProfPlugin(base_plugin.TBPlugin):
             which = f"step {step}" + (f" rank {rank}" if rank is not None else "")
             raise HttpError(404, f"run {run!r} has no report at {which} (steps: {steps})")
         return min(at_step, key=lambda r: r.rank)
+
+    def rank_reports(self, ctx: Any, eid: str, run: str,
+                     step: int | None) -> tuple[str, list[ReportRef]]:
+        """(base run, one report per rank at ``step``) of a multi-process run.
+
+        Rank 0 writes into the run, rank r > 0 into the sub-run ``<run>/rank<r>``; reports of
+        several ranks in one run (tags ``gpuprof/report/<step>/rank<r>``) count too. ``run``
+        may name the base run or any rank's sub-run. Default step: the latest one of rank 0.
+        """
+        blobs = self.blob_series(ctx, eid)
+        parent = _rank_sub_run(run)
+        base = parent[0] if parent and parent[0] in blobs else run
+        if base not in blobs:
+            self.known_run(ctx, eid, run)
+            raise HttpError(404, f"run {run!r} has no gpuprof report (only scalars or other data)")
+        refs = list(self.report_refs(base, blobs[base]))
+        for name, series in blobs.items():
+            sub = _rank_sub_run(name)
+            if sub and sub[0] == base:
+                # a report stored without a rank tag in rank r's sub-run is rank r's
+                refs.extend(ref if ref.rank else dataclasses.replace(ref, rank=sub[1])
+                            for ref in self.report_refs(name, series))
+        if not refs:
+            raise HttpError(404, f"run {base!r} has no gpuprof report (only scalars or other data)")
+        if step is None:
+            step = max(r.step for r in refs if r.rank == min(x.rank for x in refs))
+        by_rank: dict[int, ReportRef] = {}
+        for ref in refs:  # the latest write of each rank's window wins
+            if ref.step == step and (ref.rank not in by_rank
+                                     or ref.wall_time > by_rank[ref.rank].wall_time):
+                by_rank[ref.rank] = ref
+        if not by_rank:
+            steps = ", ".join(str(s) for s in sorted({r.step for r in refs}))
+            raise HttpError(404, f"run {base!r} has no report at step {step} (steps: {steps})")
+        return base, [by_rank[r] for r in sorted(by_rank)]
 
     def load_report(self, ctx: Any, eid: str, ref: ReportRef) -> CachedReport:
         """Decoded report of ``ref``; HttpError 422 when it cannot be read."""

@@ -138,6 +138,20 @@ def _telemetry(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: 
     return {"run": run, "series": series, "topology": topology}
 
 
+def _distributed(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    run = _required(request, "run")
+    step = views.parse_int(request.args.get("step"), "step", None)
+    base, refs = plugin.rank_reports(ctx, eid, run, step)
+    reports = [plugin.load_report(ctx, eid, ref).report for ref in refs]
+    from ..analysis.distributed import cross_rank_summary
+
+    summary = cross_rank_summary(reports)
+    runs = {ref.rank: ref.run for ref in refs}
+    for row in summary["ranks"]:
+        row["run"] = runs.get(row["rank"])
+    return {"run": base, "step": refs[0].step, **summary}
+
+
 def _trace(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
     step = views.parse_int(request.args.get("step"), "step", None)
@@ -204,6 +218,7 @@ ROUTES: dict[str, Handler] = {
     "/scalars": _scalars,
     "/compare": _compare,
     "/telemetry": _telemetry,
+    "/distributed": _distributed,
     "/trace": _trace,
     "/index.js": _index_js,
     "/*": _static,  # other dashboard assets, e.g. /static/app.css

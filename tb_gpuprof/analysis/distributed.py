@@ -1,0 +1,431 @@
+"""Distributed training: communication vs compute in one rank's window, and across ranks.
+
+Framework-free. One rank: :func:`communication_section` measures collective communication
+(NCCL kernels on the GPU; on CPU-only traces the host ranges gloo/NCCL/c10d record), the
+compute it overlaps with, and what is left exposed per iteration; it becomes the report's
+``distributed`` section (docs/report-schema.md). All ranks of a window:
+:func:`cross_rank_summary` compares their reports: per-rank iteration times, the straggler,
+load imbalance and the distributed recommendations (docs/recommendations.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from ..model import KERNEL, Profile
+from .classify import classify_kernel
+
+# Host-side names of collectives: the ranges gloo/NCCL/MPI/UCC backends record per collective
+# (``gloo:all_reduce`` on gloo's worker threads) and the c10d operators that launch them.
+COMM_RANGE_PREFIXES = ("gloo:", "nccl:", "mpi:", "ucc:")
+COMM_OP_PREFIXES = ("c10d::", "record_param_comms", "c10d_functional::", "_c10d_functional::")
+NON_COMPUTE_CATEGORIES = {"communication", "memcpy", "memset"}
+TOP_COLLECTIVES = 10
+
+# Rules (docs/recommendations.md).
+COMMUNICATION_MIN_EXPOSED_PCT = 10.0  # exposed communication, of wall time
+COMMUNICATION_HIGH_EXPOSED_PCT = 30.0
+COMMUNICATION_SAVING = 0.5  # share of exposed communication the fixes are assumed to hide
+STRAGGLER_MIN_PCT = 10.0  # slowest rank's working time over the other ranks' median
+STRAGGLER_MIN_MS = 1.0
+STRAGGLER_HIGH_PCT = 25.0
+
+
+# -- intervals ------------------------------------------------------------------------------
+
+Intervals = list[tuple[float, float]]
+
+
+def merge(intervals: Iterable[tuple[float, float]]) -> Intervals:
+    out: Intervals = []
+    for s, e in sorted(iv for iv in intervals if iv[1] > iv[0]):
+        if out and s <= out[-1][1]:
+            if e > out[-1][1]:
+                out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    """Intersection of two merged interval lists (merged)."""
+    out: Intervals = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """``a`` minus ``b`` (both merged)."""
+    out: Intervals = []
+    j = 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
+
+
+def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
+    return sum(max(min(e, hi) - max(s, lo), 0.0) for s, e in iv)
+
+
+# -- one rank -------------------------------------------------------------------------------
+
+def is_communication_name(name: str) -> bool:
+    """A host range or operator of a collective (CPU traces: gloo has no GPU kernels)."""
+    return name.startswith(COMM_RANGE_PREFIXES) or name.startswith(COMM_OP_PREFIXES)
+
+
+def _gpu_intervals(profile: Profile) -> tuple[Intervals, Intervals, dict[str, list[float]]]:
+    """(communication, compute-overlapping-communication, per-collective durations) on GPUs.
+
+    Overlap is counted per device: a collective on GPU 0 is hidden only by compute on GPU 0.
+    """
+    comm_by_dev: dict[int, list[tuple[float, float]]] = {}
+    compute_by_dev: dict[int, list[tuple[float, float]]] = {}
+    names: dict[str, list[float]] = {}
+    for a in profile.gpu:
+        if a.kind != KERNEL:
+            continue
+        iv = (a.start_us, a.start_us + a.dur_us)
+        if classify_kernel(a.name, a.kind).category == "communication":
+            comm_by_dev.setdefault(a.device, []).append(iv)
+            names.setdefault(a.name, []).append(a.dur_us)
+        else:
+            compute_by_dev.setdefault(a.device, []).append(iv)
+    comm: list[tuple[float, float]] = []
+    overlap: list[tuple[float, float]] = []
+    for dev, ivs in comm_by_dev.items():
+        c = merge(ivs)
+        comm.extend(c)
+        overlap.extend(intersect(c, merge(compute_by_dev.get(dev, []))))
+    return merge(comm), merge(overlap), names
+
+
+def _gpu_compute(profile: Profile) -> Intervals:
+    return merge((a.start_us, a.start_us + a.dur_us) for a in profile.gpu if a.kind == KERNEL
+                 and classify_kernel(a.name, a.kind).category not in NON_COMPUTE_CATEGORIES)
+
+
+def _cpu_intervals(profile: Profile) -> tuple[Intervals, Intervals, dict[str, list[float]]]:
+    """(communication ranges, compute, per-collective durations) from host events.
+
+    Compute is the union of framework operators per thread minus the communication operators
+    of the same thread, so a collective called inside another operator does not count as
+    compute overlapping itself.
+    """
+    comm: list[tuple[float, float]] = []
+    names: dict[str, list[float]] = {}
+    ops_by_tid: dict[int, list[tuple[float, float]]] = {}
+    comm_by_tid: dict[int, list[tuple[float, float]]] = {}
+    for ann in profile.annotations:
+        if not ann.on_gpu and ann.name.startswith(COMM_RANGE_PREFIXES):
+            comm.append((ann.start_us, ann.start_us + ann.dur_us))
+            names.setdefault(ann.name, []).append(ann.dur_us)
+    for op in profile.cpu_ops:
+        iv = (op.start_us, op.start_us + op.dur_us)
+        if is_communication_name(op.name):
+            comm.append(iv)
+            comm_by_tid.setdefault(op.tid, []).append(iv)
+            if op.name.startswith(COMM_RANGE_PREFIXES):
+                names.setdefault(op.name, []).append(op.dur_us)
+        else:
+            ops_by_tid.setdefault(op.tid, []).append(iv)
+    compute: list[tuple[float, float]] = []
+    for tid, ivs in ops_by_tid.items():
+        compute.extend(subtract(merge(ivs), merge(comm_by_tid.get(tid, []))))
+    if not names:  # no backend ranges recorded: name the launching operators
+        for op in profile.cpu_ops:
+            if is_communication_name(op.name):
+                names.setdefault(op.name, []).append(op.dur_us)
+    return merge(comm), merge(compute), names
+
+
+def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's ``distributed`` section; None for a single process without collectives.
+
+    ``report`` must already hold ``system`` and ``iterations`` (their items' ``start_us`` and
+    ``wall_ms`` bound the per-iteration figures).
+    """
+    dist = (report.get("system") or {}).get("distributed") or {}
+    comm, overlap, names = _gpu_intervals(profile)
+    comm_source: str | None = "gpu_kernels"
+    if comm:
+        compute = _gpu_compute(profile)
+    else:
+        comm, cpu_compute, names = _cpu_intervals(profile)
+        comm_source = "cpu_ranges" if comm else None
+        has_kernels = any(a.kind == KERNEL for a in profile.gpu)
+        compute = _gpu_compute(profile) if has_kernels else cpu_compute
+        overlap = intersect(comm, compute)
+    compute_source = "gpu_kernels" if any(a.kind == KERNEL for a in profile.gpu) else "cpu_ops"
+    world = dist.get("world_size")
+    if not comm and not (isinstance(world, int) and world > 1):
+        return None
+
+    rows = []
+    for item in (report.get("iterations") or {}).get("items") or []:
+        lo = float(item["start_us"])
+        hi = lo + float(item["wall_ms"]) * 1e3
+        c, o = length(comm, lo, hi), length(overlap, lo, hi)
+        rows.append({"step": item.get("step"), "wall_ms": item["wall_ms"],
+                     "compute_ms": _ms(length(compute, lo, hi)), "communication_ms": _ms(c),
+                     "overlap_ms": _ms(o), "exposed_ms": _ms(c - o)})
+    n = max(len(rows), 1)
+    total = {k: sum(r[k] for r in rows) for k in
+             ("wall_ms", "compute_ms", "communication_ms", "overlap_ms", "exposed_ms")}
+    collectives = sorted(({"name": name, "count": len(d), "total_us": round(sum(d), 3)}
+                          for name, d in names.items()), key=lambda c: -c["total_us"])
+    return {
+        "rank": dist.get("rank"), "world_size": world, "backend": dist.get("backend"),
+        "communication_source": comm_source, "compute_source": compute_source,
+        "communication_us": round(total["communication_ms"] * 1e3, 3),
+        "compute_us": round(total["compute_ms"] * 1e3, 3),
+        "overlap_us": round(total["overlap_ms"] * 1e3, 3),
+        "exposed_us": round(total["exposed_ms"] * 1e3, 3),
+        "overlap_pct": _pct(total["overlap_ms"], total["communication_ms"])
+        if total["communication_ms"] > 0 else None,
+        "communication_pct": _pct(total["communication_ms"], total["wall_ms"]),
+        "exposed_pct": _pct(total["exposed_ms"], total["wall_ms"]),
+        "mean_ms": {k: round(v / n, 4) for k, v in total.items()},
+        "per_iteration": rows,
+        "collectives": collectives[:TOP_COLLECTIVES],
+    }
+
+
+def _ms(us: float) -> float:
+    return round(us / 1e3, 4)
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 1) if whole > 0 else 0.0
+
+
+# -- recommendations on one rank's report ---------------------------------------------------
+
+def _rec(rid: str, severity: str, title: str, problem: str, evidence: dict[str, Any],
+         fix: dict[str, str], saving_ms: float | None, mean_ms: float | None) -> dict[str, Any]:
+    """The recommendation dict of tb_gpuprof.analysis.recommend."""
+    return {"id": rid, "severity": severity, "title": title, "problem": problem,
+            "evidence": evidence, "fix": fix, "estimated_saving_ms": saving_ms,
+            "estimated_saving_pct": round(100.0 * saving_ms / mean_ms, 1)
+            if saving_ms is not None and mean_ms else None}
+
+
+COMMUNICATION_FIX = {
+    "pytorch": "# larger gradient buckets: fewer, bigger all-reduces that overlap the backward\n"
+               "model = DDP(model, bucket_cap_mb=100, gradient_as_bucket_view=True)\n"
+               "# accumulate gradients locally and all-reduce every k-th step\n"
+               "with model.no_sync():\n"
+               "    loss_fn(model(x), y).backward()\n"
+               "# FSDP: FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, "
+               "forward_prefetch=True)",
+    "keras": "# all-reduce in larger packs and with NCCL\n"
+             "tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce("
+             "num_packs=1))\n"
+             "# and accumulate gradients over several steps (model.fit(..., steps_per_execution=k)"
+             " with a larger global batch)",
+    "jax": "# shard so collectives overlap compute (XLA async collectives), e.g.\n"
+           "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true\n"
+           "# and accumulate gradients over micro-batches before the psum",
+}
+
+
+def rule_communication(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Exposed (non-overlapped) communication is a large share of the iteration."""
+    section = report.get("distributed")
+    if not section or not section.get("communication_us"):
+        return None
+    share = section.get("exposed_pct") or 0.0
+    if share < COMMUNICATION_MIN_EXPOSED_PCT:
+        return None
+    mean = section.get("mean_ms") or {}
+    exposed = mean.get("exposed_ms") or 0.0
+    return _rec("communication", "high" if share >= COMMUNICATION_HIGH_EXPOSED_PCT else "medium",
+                "Hide gradient communication behind compute",
+                f"{share}% of each iteration waits on collective communication that no compute "
+                f"overlaps ({exposed:.2f} ms per iteration; {section.get('overlap_pct')}% of "
+                "communication time is overlapped). Part of it can be waiting for a slower "
+                "rank: the Distributed view compares the ranks.",
+                {"exposed_pct": share, "exposed_ms_per_iteration": exposed,
+                 "communication_pct": section.get("communication_pct"),
+                 "overlap_pct": section.get("overlap_pct"),
+                 "top_collectives": [c["name"] for c in section.get("collectives") or []][:3]},
+                COMMUNICATION_FIX, round(exposed * COMMUNICATION_SAVING, 3),
+                (report.get("iterations") or {}).get("mean_ms"))
+
+
+def _uses_nccl(backend: str) -> bool:
+    # "nccl", or a per-device map such as "cpu:gloo,cuda:nccl"
+    return "nccl" in backend.lower() or "rccl" in backend.lower()
+
+
+def rule_distributed_backend(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Training on GPUs with a non-NCCL process group (gloo/MPI move tensors through the host)."""
+    dist = (report.get("system") or {}).get("distributed") or {}
+    backend, world = dist.get("backend"), dist.get("world_size")
+    if not isinstance(backend, str) or not backend or _uses_nccl(backend):
+        return None
+    if not (isinstance(world, int) and world > 1) or not (report.get("gpu_time_us") or 0) > 0:
+        return None  # CPU training: gloo is the right backend
+    return _rec("distributed_backend", "high", "Use the NCCL backend for GPU training",
+                f"The process group uses {backend!r} while the model trains on GPUs: "
+                "collectives copy every gradient through host memory and run on the CPU "
+                "instead of NVLink/InfiniBand with GPU-side reductions.",
+                {"backend": backend, "world_size": world},
+                {"pytorch": 'torch.distributed.init_process_group(backend="nccl")\n'
+                            '# or keep gloo for CPU tensors: backend="cpu:gloo,cuda:nccl"',
+                 "keras": "tf.distribute.MultiWorkerMirroredStrategy(communication_options="
+                          "tf.distribute.experimental.CommunicationOptions(\n"
+                          "    implementation=tf.distribute.experimental."
+                          "CommunicationImplementation.NCCL))",
+                 "jax": "# JAX uses NCCL on GPUs; do not force a CPU collectives "
+                        "implementation (jax_cpu_collectives_implementation) for GPU arrays"},
+                None, None)
+
+
+def distributed_recommendations(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rules that read one rank's report (recommend.py runs them with the others)."""
+    return [r for r in (rule_communication(report), rule_distributed_backend(report))
+            if r is not None]
+
+
+# -- across ranks ---------------------------------------------------------------------------
+
+def _rank_row(report: dict[str, Any], index: int) -> dict[str, Any]:
+    system = report.get("system") or {}
+    dist = system.get("distributed") or {}
+    it = report.get("iterations") or {}
+    section = report.get("distributed") or {}
+    mean = section.get("mean_ms") or {}
+    wall = it.get("mean_ms") or 0.0
+    if mean:
+        compute, exposed = mean.get("compute_ms"), mean.get("exposed_ms") or 0.0
+    else:  # no communication measured: GPU busy time (or nothing) is the compute
+        compute, exposed = it.get("gpu_busy_mean_ms"), 0.0
+    rank = dist.get("rank")
+    return {
+        "rank": rank if isinstance(rank, int) else index,
+        "iterations": it.get("count"),
+        "iteration_ms": wall, "iteration_median_ms": it.get("median_ms"),
+        "iteration_times_ms": [i.get("wall_ms") for i in it.get("items") or []],
+        "compute_ms": compute, "communication_ms": mean.get("communication_ms"),
+        "overlap_ms": mean.get("overlap_ms"), "exposed_ms": exposed,
+        "overlap_pct": section.get("overlap_pct"), "exposed_pct": section.get("exposed_pct"),
+        # time not spent blocked in collectives: in synchronous training every rank's
+        # iteration takes as long as the slowest one's, and the others wait in communication
+        "working_ms": round(max(wall - exposed, 0.0), 4),
+        "backend": dist.get("backend"), "gpu_name": system.get("gpu_name"),
+    }
+
+
+def _straggler(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if len(rows) < 2:
+        return None
+    slow = max(rows, key=lambda r: r["working_ms"])
+    others = statistics.median(r["working_ms"] for r in rows if r is not slow)
+    by = slow["working_ms"] - others
+    pct = _pct(by, others) if others > 0 else 0.0
+    return {"rank": slow["rank"], "working_ms": slow["working_ms"],
+            "others_median_ms": round(others, 4), "slower_by_ms": round(by, 4),
+            "slower_by_pct": pct,
+            "significant": pct >= STRAGGLER_MIN_PCT and by >= STRAGGLER_MIN_MS}
+
+
+def rule_straggler(summary: dict[str, Any]) -> dict[str, Any] | None:
+    s = summary.get("straggler")
+    if not s or not s["significant"]:
+        return None
+    rows = {r["rank"]: r for r in summary["ranks"]}
+    slow = rows[s["rank"]]
+    others = [r for r in summary["ranks"] if r is not slow]
+    compute_gap = None
+    if slow.get("compute_ms") is not None and all(r.get("compute_ms") is not None
+                                                  for r in others):
+        compute_gap = round(slow["compute_ms"]
+                            - statistics.median(r["compute_ms"] for r in others), 4)
+    where = ("its compute takes longer (uneven work, or a slower or throttled GPU)"
+             if compute_gap is not None and compute_gap >= 0.5 * s["slower_by_ms"]
+             else "the extra time is outside compute (input pipeline, host code, CPU "
+                  "contention on that rank)")
+    mean = statistics.fmean(r["iteration_ms"] for r in summary["ranks"])
+    return _rec("straggler", "high" if s["slower_by_pct"] >= STRAGGLER_HIGH_PCT else "medium",
+                f"Rank {s['rank']} is a straggler: the other ranks wait for it",
+                f"Rank {s['rank']} works {s['slower_by_ms']:.2f} ms ({s['slower_by_pct']}%) "
+                "longer per iteration than the median of the other ranks, which spend that "
+                f"time waiting in collectives; {where}.",
+                {"rank": s["rank"], "slower_by_ms": s["slower_by_ms"],
+                 "slower_by_pct": s["slower_by_pct"], "compute_gap_ms": compute_gap,
+                 "load_imbalance": summary.get("load_imbalance")},
+                {"pytorch": "# on the slow rank: check its GPU's telemetry (GPU view: clocks, "
+                            "throttling), its DataLoader (num_workers, pin_memory), CPU affinity "
+                            "(torchrun --nproc-per-node N with numactl / OMP_NUM_THREADS), and "
+                            "that every rank gets the same batch and sequence lengths "
+                            "(DistributedSampler, padding/bucketing)",
+                 "keras": "# check the slow worker's input pipeline (tf.data prefetch/"
+                          "AUTOTUNE), its GPU telemetry and that shards are even",
+                 "jax": "# check the slow process's host input pipeline and GPU telemetry; "
+                        "keep per-device batch shapes equal"},
+                round(s["slower_by_ms"], 3), mean)
+
+
+def cross_rank_summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compare the reports of every rank of one window (any order, one report per rank)."""
+    rows = sorted((_rank_row(r, i) for i, r in enumerate(reports)), key=lambda r: r["rank"])
+    declared = [((r.get("system") or {}).get("distributed") or {}).get("world_size")
+                for r in reports]
+    world = max([w for w in declared if isinstance(w, int)] + [len(rows)], default=0)
+    seen = {r["rank"] for r in rows}
+    computes = [r["compute_ms"] for r in rows if r["compute_ms"] is not None]
+    mean_compute = statistics.fmean(computes) if computes else 0.0
+    iters = [r["iteration_ms"] for r in rows]
+    summary: dict[str, Any] = {
+        "world_size": world,
+        "ranks": rows,
+        "missing_ranks": [r for r in range(world) if r not in seen],
+        "iteration_ms": {"min": min(iters), "max": max(iters),
+                         "median": statistics.median(iters)} if iters else None,
+        "straggler": _straggler(rows),
+        # max/mean of per-rank compute per iteration: 1.0 is perfectly balanced
+        "load_imbalance": round(max(computes) / mean_compute, 3)
+        if len(computes) > 1 and mean_compute > 0 else None,
+        "recommendations": [],
+    }
+    recs: dict[str, dict[str, Any]] = {}
+    straggler = rule_straggler(summary)
+    if straggler is not None:
+        recs["straggler"] = straggler
+    # Communication is judged on the rank that waits least: the others' exposed time also
+    # holds their wait for the slowest rank, which bucket sizes do not fix.
+    with_comm = [r for r in reports if (r.get("distributed") or {}).get("communication_us")]
+    if with_comm:
+        least = min(with_comm, key=lambda r: r["distributed"].get("exposed_pct") or 0.0)
+        rec = rule_communication(least)
+        if rec is not None:
+            recs["communication"] = rec
+    for r in reports:
+        rec = rule_distributed_backend(r)
+        if rec is not None:
+            recs.setdefault("distributed_backend", rec)
+    summary["recommendations"] = sorted(
+        recs.values(), key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
+                                      {"high": 0, "medium": 1}.get(r["severity"], 2)))
+    return summary
