@@ -92,7 +92,9 @@ def _precision_from_types(types: list[str] | None, uses_tc: bool) -> str | None:
 def _kernel_class(a: GpuActivity, ctx: LaunchContext | None) -> tuple[KernelClass, str, bool]:
     cls = classify_kernel(a.name, a.kind)
     precision = cls.precision
-    if precision == "unknown" and ctx is not None:
+    # Op input dtypes tell a math kernel's precision; for other kernels (casts, masks, indices
+    # among the inputs) they would guess, so those stay "unknown".
+    if precision == "unknown" and ctx is not None and (cls.tc_capable or cls.uses_tensor_cores):
         precision = _precision_from_types(ctx.input_types, cls.uses_tensor_cores) or precision
     eligible = cls.tc_capable or (ctx.eligible if ctx else False)
     if not eligible and (a.op_type or a.op):
