@@ -185,12 +185,13 @@ _CUTLASS_SIMT = re.compile(r"simt_([sdhcz])(gemm|fprop|dgrad|wgrad|conv)")
 _SIMT_PREC = {"s": "fp32", "c": "fp32", "gc": "fp32", "d": "fp64", "z": "fp64", "h": "fp16"}
 _CUDNN_SIMT_CONV = re.compile(
     r"convolve_[a-z]*gemm|convolve_hhgemm|conv2d_grouped_direct|dgrad_engine|dgrad2d|"
-    r"wgrad_alg\d|winograd|fft2d_[rc]2[rc]|fft_[rc]2[rc]_conv|conv_kernel|"
+    r"[dw]grad_alg\d|winograd|fft2d_[rc]2[rc]|fft_[rc]2[rc]_conv|conv_kernel|"
     r"(?<![a-z])(?:scudnn|hcudnn|dcudnn)"
 )
 _DEPTHWISE = re.compile(r"depthwise")
 _GEMV = re.compile(r"gemv|gemmsn_|gemmk1|gemm_?small|dot_kernel")
-_GEMM_HELPER = re.compile(r"splitkreduce|split_k_reduce|reduce_splitk|gemm_?epilogue_only")
+_GEMM_HELPER = re.compile(
+    r"splitkreduce|split_k_reduce|reduce_splitk|gemm_?epilogue_only|init_device_workspace")
 
 # Family 6: attention.
 _ATTN = re.compile(r"flash|fmha|sdpa|attention|attn|(?<![a-z])mha(?![a-z])")
