@@ -1,6 +1,6 @@
 // Route client. URLs are relative: TensorBoard's plugin_entry.html sets <base href="plugin/gpuprof/">,
 // so "runs" resolves to /data/plugin/gpuprof/runs (also behind a --path_prefix).
-import type { CompareAnswer, KernelsPage, Point, Report, RunInfo, TelemetryAnswer } from "./types";
+import type { CompareAnswer, DistributedAnswer, KernelsPage, Point, Report, RunInfo, TelemetryAnswer } from "./types";
 
 export class ApiError extends Error {
   constructor(public status: number, message: string) {
@@ -61,5 +61,6 @@ export const api = {
   kernels: (p: Params) => getJson<KernelsPage>("kernels", p),
   compare: (runs: string[]) => getJson<CompareAnswer>("compare", { runs: runs.join(",") }),
   telemetry: (run: string) => getJson<TelemetryAnswer>("telemetry", { run }),
+  distributed: (run: string, step: number | null) => getJson<DistributedAnswer>("distributed", { run, step }),
   traceUrl: (run: string, step: number | null) => "trace" + query({ run, step }),
 };

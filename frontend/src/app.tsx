@@ -5,13 +5,14 @@ import { Empty, ErrorBox, Loading, useAsync } from "./components";
 import type { Report, RunInfo } from "./types";
 import { CompareView } from "./views/CompareView";
 import { DashboardView } from "./views/DashboardView";
+import { DistributedView } from "./views/DistributedView";
 import { GpuView } from "./views/GpuView";
 import { IterationsView } from "./views/IterationsView";
 import { KernelsView } from "./views/KernelsView";
 
-const TABS = ["dashboard", "kernels", "iterations", "gpu", "compare"] as const;
+const TABS = ["dashboard", "kernels", "iterations", "gpu", "distributed", "compare"] as const;
 type Tab = (typeof TABS)[number];
-const TAB_LABELS: Record<Tab, string> = { dashboard: "Dashboard", kernels: "Kernels", iterations: "Iterations", gpu: "GPU", compare: "Compare" };
+const TAB_LABELS: Record<Tab, string> = { dashboard: "Dashboard", kernels: "Kernels", iterations: "Iterations", gpu: "GPU", distributed: "Distributed", compare: "Compare" };
 
 /** Dark when the OS asks for it or TensorBoard's own dark mode (body.dark-mode of the parent page) is on. */
 function useDarkMode(): boolean {
@@ -71,10 +72,11 @@ function firstUsable(runs: RunInfo[]): string | null {
   return (runs.find((r) => r.reports.length && !r.error) ?? runs[0])?.run ?? null;
 }
 
-function RunPanel({ run, step, tab, dark }: { run: RunInfo; step: number | null; tab: Tab; dark: boolean }) {
-  const needsReport = tab !== "gpu" && run.reports.length > 0;
+function RunPanel({ run, step, tab, dark, open }: { run: RunInfo; step: number | null; tab: Tab; dark: boolean; open: (run: string, tab: Tab) => void }) {
+  const needsReport = tab !== "gpu" && tab !== "distributed" && run.reports.length > 0;
   const report = useAsync<Report>(() => (needsReport || (tab === "gpu" && run.reports.length) ? api.report(run.run, step) : null), [run.run, step, needsReport]);
   if (tab === "gpu") return <GpuView run={run.run} report={report.data} dark={dark} />;
+  if (tab === "distributed" && run.reports.length) return <DistributedView run={run.run} step={step} dark={dark} open={open} />;
   if (!run.reports.length) {
     return <Empty>run “{run.run}” has gpuprof scalars but no profiled window yet{run.error ? `: ${run.error}` : ""}</Empty>;
   }
@@ -95,6 +97,11 @@ export function App() {
   const [tab, setTab] = useState<Tab>("dashboard");
 
   const list = runs.data?.runs ?? [];
+  // A rank's sub-run, opened from the Distributed view: same window, another tab.
+  const openRun = (name: string, t: Tab) => {
+    setRunName(name);
+    setTab(t);
+  };
   const run = list.find((r) => r.run === runName) ?? null;
   useEffect(() => {
     if (runs.data && !run) {
@@ -144,7 +151,7 @@ export function App() {
         ) : run ? (
           <>
             {run.error && tab !== "gpu" ? <ErrorBox what={`run “${run.run}”`} error={run.error} /> : null}
-            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} /> : null}
+            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} open={openRun} /> : null}
           </>
         ) : null}
       </main>

@@ -84,4 +84,5 @@ body.gp-dark-body { background: #303030; }
 .gp .legend-dot { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; vertical-align: middle; }
 .gp .topo td, .gp .topo th { text-align: center; }
 .gp a { color: var(--link); }
+.gp tr.straggler td { color: var(--high); font-weight: 500; }
 `;

@@ -121,3 +121,33 @@ export interface TelemetryAnswer {
   series: Record<string, Point[]>;
   topology: unknown;
 }
+
+export interface RankRow {
+  rank: number;
+  run: string | null;
+  iterations: Num;
+  iteration_ms: Num;
+  iteration_median_ms: Num;
+  iteration_times_ms: Num[];
+  compute_ms: Num;
+  communication_ms: Num;
+  overlap_ms: Num;
+  exposed_ms: Num;
+  overlap_pct: Num;
+  exposed_pct: Num;
+  working_ms: Num;
+  backend: string | null;
+  gpu_name: string | null;
+}
+
+export interface DistributedAnswer {
+  run: string;
+  step: number;
+  world_size: number;
+  ranks: RankRow[];
+  missing_ranks: number[];
+  iteration_ms: { min: number; max: number; median: number } | null;
+  straggler: { rank: number; working_ms: number; others_median_ms: number; slower_by_ms: number; slower_by_pct: number; significant: boolean } | null;
+  load_imbalance: Num;
+  recommendations: Recommendation[];
+}

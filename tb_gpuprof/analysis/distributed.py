@@ -375,15 +375,16 @@ def rule_straggler(summary: dict[str, Any]) -> dict[str, Any] | None:
                 {"rank": s["rank"], "slower_by_ms": s["slower_by_ms"],
                  "slower_by_pct": s["slower_by_pct"], "compute_gap_ms": compute_gap,
                  "load_imbalance": summary.get("load_imbalance")},
-                {"pytorch": "# on the slow rank: check its GPU's telemetry (GPU view: clocks, "
-                            "throttling), its DataLoader (num_workers, pin_memory), CPU affinity "
-                            "(torchrun --nproc-per-node N with numactl / OMP_NUM_THREADS), and "
-                            "that every rank gets the same batch and sequence lengths "
-                            "(DistributedSampler, padding/bucketing)",
-                 "keras": "# check the slow worker's input pipeline (tf.data prefetch/"
-                          "AUTOTUNE), its GPU telemetry and that shards are even",
-                 "jax": "# check the slow process's host input pipeline and GPU telemetry; "
-                        "keep per-device batch shapes equal"},
+                {"pytorch": "# on the slow rank, check:\n"
+                            "# - its GPU's telemetry (GPU tab of its run: clocks, throttling)\n"
+                            "# - its input pipeline: DataLoader(num_workers=..., pin_memory=True)\n"
+                            "# - CPU contention: OMP_NUM_THREADS, numactl/taskset per rank\n"
+                            "# - even work: DistributedSampler, equal batch and sequence "
+                            "lengths (padding/bucketing)",
+                 "keras": "# on the slow worker, check its input pipeline (tf.data prefetch/"
+                          "AUTOTUNE),\n# its GPU telemetry and that the data shards are even",
+                 "jax": "# on the slow process, check its host input pipeline and GPU "
+                        "telemetry;\n# keep per-device batch shapes equal"},
                 round(s["slower_by_ms"], 3), mean)
 
 

@@ -158,7 +158,7 @@ function Breakdown({ report, dark }: { report: Report; dark: boolean }) {
 
 const FRAMEWORKS: [string, string][] = [["pytorch", "PyTorch"], ["keras", "Keras"], ["jax", "JAX"]];
 
-function RecommendationCard({ rec, preferred }: { rec: Recommendation; preferred: string }) {
+export function RecommendationCard({ rec, preferred }: { rec: Recommendation; preferred: string }) {
   const fixes = FRAMEWORKS.filter(([k]) => rec.fix?.[k]);
   const extra = Object.keys(rec.fix ?? {}).filter((k) => !FRAMEWORKS.some(([f]) => f === k)).map((k): [string, string] => [k, k]);
   const all = [...fixes, ...extra];
