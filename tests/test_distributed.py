@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -202,6 +202,49 @@ def test_distributed_backend_rule_is_silent_on_a_cpu_gloo_run(reports) -> None:
         assert "distributed_backend" not in [r["id"] for r in report["recommendations"]]
     ids = [r["id"] for r in cross_rank_summary(list(reports.values()))["recommendations"]]
     assert "distributed_backend" not in ids
+
+
+class _RecordingSampler:
+    """Stands in for NvmlSampler (no GPU here): records which CUDA devices it was asked for."""
+
+    created: ClassVar[list[list[int] | None]] = []
+    interval_s = 0.5
+
+    def __init__(self, devices: list[int] | None = None, **kwargs: Any) -> None:
+        type(self).created.append(devices)
+
+    def start(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+    def drain(self) -> list[Any]:
+        return []
+
+
+@pytest.mark.parametrize(("world_size", "expected"), [(2, [1]), (1, None)])
+def test_each_rank_samples_only_its_own_gpu(tmp_path, monkeypatch, world_size, expected) -> None:
+    import torch
+
+    from tb_gpuprof.nvml import sampler
+    from tb_gpuprof.torch import GpuProfiler
+
+    # a process that sees CUDA device 1 as its current device, rank 1 of the job
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(sampler, "NvmlSampler", _RecordingSampler)
+    monkeypatch.setenv("RANK", "1" if world_size > 1 else "0")
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+    _RecordingSampler.created = []
+    prof = GpuProfiler(tmp_path / "run", nvml=True, memory=False, nvtx=False,
+                       cuda_profiler_api=False)
+    with pytest.warns(Warning):  # CUDA events cannot be recorded without a GPU: switched off
+        prof.start()
+    prof.close()
+    assert _RecordingSampler.created == [expected]
+    run = tmp_path / "run"
+    assert prof.run_dir == str(run / "rank1" if world_size > 1 else run)
 
 
 # -- the /distributed route over TensorBoard's WSGI app (Python loader) -----------------------
