@@ -159,6 +159,14 @@ def _cpu_intervals(profile: Profile) -> tuple[Intervals, Intervals, dict[str, li
     return merge(comm), merge(compute), names
 
 
+def _has_communication(profile: Profile) -> bool:
+    return (any(a.kind == KERNEL and classify_kernel(a.name, a.kind).category == "communication"
+                for a in profile.gpu)
+            or any(not a.on_gpu and a.name.startswith(COMM_RANGE_PREFIXES)
+                   for a in profile.annotations)
+            or any(is_communication_name(op.name) for op in profile.cpu_ops))
+
+
 def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str, Any] | None:
     """The report's ``distributed`` section; None for a single process without collectives.
 
@@ -166,6 +174,9 @@ def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str,
     ``wall_ms`` bound the per-iteration figures).
     """
     dist = (report.get("system") or {}).get("distributed") or {}
+    world = dist.get("world_size")
+    if not (isinstance(world, int) and world > 1) and not _has_communication(profile):
+        return None  # the common single-process case costs one scan of names
     comm, overlap, names = _gpu_intervals(profile)
     comm_source: str | None = "gpu_kernels"
     if comm:
@@ -177,9 +188,6 @@ def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str,
         compute = _gpu_compute(profile) if has_kernels else cpu_compute
         overlap = intersect(comm, compute)
     compute_source = "gpu_kernels" if any(a.kind == KERNEL for a in profile.gpu) else "cpu_ops"
-    world = dist.get("world_size")
-    if not comm and not (isinstance(world, int) and world > 1):
-        return None
 
     rows = []
     for item in (report.get("iterations") or {}).get("items") or []:
