@@ -151,6 +151,22 @@ def test_each_rank_writes_its_own_event_file_trace_and_report(logdir: Path) -> N
         assert traces == [f"step_{WINDOW[1] - 1}" + (f".rank{rank}" if rank else "")]
 
 
+def test_report_of_the_run_directory_is_rank_0s(logdir: Path) -> None:
+    from tb_gpuprof.store.reader import load_run_report
+
+    # The rank sub-runs hold reports too; naming the run directory means rank 0's.
+    assert load_run_report(str(logdir / RUN))["system"]["distributed"]["rank"] == 0
+    assert load_run_report(str(logdir / RUN / "rank1"))["system"]["distributed"]["rank"] == 1
+
+
+def test_text_report_has_the_distributed_line(logdir: Path) -> None:
+    from tb_gpuprof.analysis.format import render
+    from tb_gpuprof.store.reader import load_run_report
+
+    text = render(load_run_report(str(logdir / RUN / "rank1")))
+    assert f"distributed:       rank 1 of {WORLD_SIZE} (gloo)" in text
+
+
 def test_reports_record_rank_world_size_backend_and_the_same_window(reports) -> None:
     for rank, report in reports.items():
         assert report["system"]["distributed"] == {"rank": rank, "world_size": WORLD_SIZE,

@@ -76,6 +76,14 @@ def _text(report: dict[str, Any], top: int) -> str:
         ph = report["phases"]
         add(f"  phases (GPU time): forward {_ms(ph['forward_ms'])}, backward "
             f"{_ms(ph['backward_ms'])}, optimizer {_ms(ph['optimizer_ms'])} per iteration")
+    dist = report.get("distributed")
+    if dist:
+        overlap = dist.get("overlap_pct")
+        add(f"  distributed:       rank {dist.get('rank')} of {dist.get('world_size')} "
+            f"({dist.get('backend') or 'unknown backend'}); communication "
+            f"{dist.get('communication_pct', 0):.1f}% of wall time, exposed "
+            f"{dist.get('exposed_pct', 0):.1f}%, overlapped "
+            + ("-" if overlap is None else f"{overlap:.1f}%"))
     idle = bd["idle_attribution_us"]
     if bd["idle_us"] > 0:
         parts = ", ".join(f"{k.replace('_', ' ')} {v / 1e3:.2f}" for k, v in idle.items() if v)

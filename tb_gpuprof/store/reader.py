@@ -116,7 +116,8 @@ def _pick(reports: list[StoredReport], step: int | None, where: str) -> StoredRe
 def load_run_report(path: str, run: str | None = None, step: int | None = None) -> dict[str, Any]:
     """The stored report of a run directory, or of one run of a log directory.
 
-    With a log directory, ``run`` picks the run; without it, the only run holding a report.
+    With a log directory, ``run`` picks the run; without it, the only run holding a report, or
+    the directory itself when it holds one (rank 0 of a run whose other ranks are sub-runs).
     Default step: the latest window.
     """
     path = os.fspath(path)
@@ -137,6 +138,10 @@ def load_run_report(path: str, run: str | None = None, step: int | None = None) 
         if not runs:
             raise RunNotFoundError(f"{what}: no TensorBoard event files found")
         raise RunNotFoundError(f"{what}: no tb_gpuprof report stored (only scalars or other data)")
+    if len(with_reports) > 1 and run is None and "." in with_reports:
+        # A run directory whose ranks > 0 write sub-runs (<run>/rank1, ...): the directory
+        # itself (rank 0) is the run the user named.
+        with_reports = {".": with_reports["."]}
     if len(with_reports) > 1:
         names = ", ".join(sorted(with_reports))
         raise RunNotFoundError(f"{path}: {len(with_reports)} runs hold reports ({names}); "
