@@ -11,6 +11,7 @@ TEST_REQUIRES = [
     "keras>=3.3",
     "playwright>=1.45",
     "lightning>=2.0",  # the Lightning callback's test runs a real Trainer on CPU
+    "jax>=0.4.30",  # Keras-on-JAX and jax.profiler XPlane tests (CPU build)
 ]
 
 setup(
