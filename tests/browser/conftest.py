@@ -65,6 +65,14 @@ def record_fake_telemetry(run_dir: Path) -> None:
         run_dmon(0.01, 5, str(run_dir), out=io.StringIO(), cuda_visible_devices="0,1")
 
 
+def add_warmup_outlier(run_dir: Path) -> None:
+    """A first iteration 1000x the others (cuDNN autotuning, compilation) at a later step."""
+    from tb_gpuprof.store.writer import EventWriter
+
+    with EventWriter(run_dir, filename_suffix=".outlier") as w:
+        w.add_scalar("gpuprof/iteration_time_ms", 100000.0, step=1)
+
+
 def write_unreadable_run(run_dir: Path) -> None:
     """A report from a future tb_gpuprof (schema_version 99): the plugin must answer 422."""
     from tb_gpuprof.store.writer import EventWriter
@@ -86,6 +94,7 @@ def browser_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_cli("import", str(trace), "--logdir", str(logdir), "--run", RUN_HOSTILE)
     trace = write_kineto_trace(synth / "many.json", many_kernels(180), steps=2)
     run_cli("import", str(trace), "--logdir", str(logdir), "--run", RUN_MANY)
+    add_warmup_outlier(logdir / RUN_MANY)
     record_fake_telemetry(logdir / RUN_KINETO)
     write_unreadable_run(logdir / RUN_UNREADABLE)
     return logdir

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import RUN_HOSTILE, RUN_KINETO, RUN_UNREADABLE, RUN_XPLANE, screenshot
+from .conftest import RUN_HOSTILE, RUN_KINETO, RUN_MANY, RUN_UNREADABLE, RUN_XPLANE, screenshot
 from .dom import column, eventually, fmt_ms, fmt_num, fmt_pct, fmt_us, open_tab, select_run
 
 
@@ -129,3 +129,20 @@ def test_dark_mode_follows_the_system_setting(browser, server) -> None:
         screenshot(pg, "dashboard-dark")
     finally:
         context.close()
+
+
+def test_iteration_chart_caps_warm_up_outliers(page, server) -> None:
+    points = server.route("scalars", run=RUN_MANY, tag="gpuprof/iteration_time_ms")["points"]
+    values = sorted(p[2] for p in points)
+    cap = values[len(values) // 2] * 4
+    above = sum(v > cap for v in values)
+    assert above == 1, points  # the injected 100 s iteration
+    select_run(page, RUN_MANY)
+    eventually(lambda: page.locator("[data-testid=iter-clipped]").count(), 1,
+               what="the clipped-outlier note")
+    assert page.locator("[data-testid=iter-clipped]").text_content().startswith(
+        "1 warm-up iteration above")
+    # a run without outliers shows no note
+    select_run(page, RUN_KINETO)
+    page.wait_for_selector("[data-testid=iter-chart] canvas")
+    assert page.locator("[data-testid=iter-clipped]").count() == 0

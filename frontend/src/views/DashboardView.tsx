@@ -62,11 +62,18 @@ function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; d
     const markArea = fromScalars && range
       ? { silent: true, itemStyle: { color: "rgba(245,124,0,0.15)" }, label: { show: true, position: "insideTop", color: COLORS.tc, formatter: () => "profiled" }, data: [[{ xAxis: range[0] }, { xAxis: range[1] }]] }
       : undefined;
+    // Warm-up iterations (cuDNN autotuning, compilation) can be 100x the rest and flatten the
+    // curve: cap the axis at 4x the median and say how many points lie above it.
+    const values = data.map((p) => p[1] as number).filter((v) => Number.isFinite(v)).sort((a, b) => a - b);
+    const median = values.length ? values[Math.floor(values.length / 2)] : 0;
+    const cap = median > 0 && values[values.length - 1] > 4 * median ? Math.ceil(4 * median) : undefined;
     return {
+      clipped: cap === undefined ? 0 : values.filter((v) => v > cap).length,
+      cap,
       grid: { left: 56, right: 16, top: 24, bottom: 40 },
       tooltip: { trigger: "axis", valueFormatter: (v: number) => fmtMs(v) },
       xAxis: { type: "value", name: fromScalars ? "step" : "iteration", nameLocation: "middle", nameGap: 26, min: "dataMin", max: "dataMax", minInterval: 1 },
-      yAxis: { type: "value", name: "ms", scale: true },
+      yAxis: { type: "value", name: "ms", scale: true, max: cap },
       dataZoom: [{ type: "inside" }],
       series: [{ type: "line", name: "iteration time", data, showSymbol: data.length < 60, color: COLORS.nonTc, markArea }],
     };
@@ -78,6 +85,11 @@ function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; d
     <>
       {!hasScalars ? <div class="muted">no {ITER_TAG} scalars recorded; showing the profiled iterations</div> : null}
       <Chart option={option} dark={dark} label="iteration time per step" testId="iter-chart" />
+      {option.clipped ? (
+        <div class="muted" data-testid="iter-clipped">
+          {option.clipped} warm-up {option.clipped === 1 ? "iteration" : "iterations"} above {fmtMs(option.cap)} not drawn to scale (hover for the value)
+        </div>
+      ) : null}
     </>
   );
 }
