@@ -106,7 +106,9 @@ export function App() {
   useEffect(() => {
     if (runs.data && !run) {
       const last = storage()?.getItem(LAST_RUN_KEY);
-      setRunName(list.some((r) => r.run === last && !r.error) ? last! : firstUsable(list));
+      // A run the user picked between this render and this effect wins over the remembered one.
+      setRunName((cur) => (cur && list.some((r) => r.run === cur) ? cur
+        : list.some((r) => r.run === last && !r.error) ? last! : firstUsable(list)));
       setStep(null);
     }
   }, [runs.data]);

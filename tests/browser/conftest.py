@@ -32,7 +32,8 @@ RUN_XPLANE = "jax_conv"
 RUN_HOSTILE = "hostile"
 RUN_UNREADABLE = "unreadable"
 RUN_MANY = "many_kernels"
-RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE)
+RUN_OUTLIER = "warmup_outlier"
+RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE, RUN_OUTLIER)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -65,12 +66,20 @@ def record_fake_telemetry(run_dir: Path) -> None:
         run_dmon(0.01, 5, str(run_dir), out=io.StringIO(), cuda_visible_devices="0,1")
 
 
-def add_warmup_outlier(run_dir: Path) -> None:
-    """A first iteration 1000x the others (cuDNN autotuning, compilation) at a later step."""
+def write_warmup_outlier_run(run_dir: Path) -> None:
+    """A real report plus iteration times whose first is 1000x the rest (cuDNN autotuning,
+    compilation), all in one event file as the hooks write them."""
+    from tb_gpuprof.analysis.report import build_report
+    from tb_gpuprof.readers import load_profile
     from tb_gpuprof.store.writer import EventWriter
 
-    with EventWriter(run_dir, filename_suffix=".outlier") as w:
-        w.add_scalar("gpuprof/iteration_time_ms", 100000.0, step=1)
+    trace = REPO / "tests" / "data" / "h200" / "resnet18_batch8.json.gz"
+    report = build_report(load_profile(trace))
+    with EventWriter(run_dir) as w:
+        for step in range(12):
+            w.add_scalar("gpuprof/iteration_time_ms", 100000.0 if step == 0 else 20.0 + step % 3,
+                         step=step)
+        w.add_report(report, step=11)
 
 
 def write_unreadable_run(run_dir: Path) -> None:
@@ -94,7 +103,7 @@ def browser_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_cli("import", str(trace), "--logdir", str(logdir), "--run", RUN_HOSTILE)
     trace = write_kineto_trace(synth / "many.json", many_kernels(180), steps=2)
     run_cli("import", str(trace), "--logdir", str(logdir), "--run", RUN_MANY)
-    add_warmup_outlier(logdir / RUN_MANY)
+    write_warmup_outlier_run(logdir / RUN_OUTLIER)
     record_fake_telemetry(logdir / RUN_KINETO)
     write_unreadable_run(logdir / RUN_UNREADABLE)
     return logdir
