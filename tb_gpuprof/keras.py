@@ -21,9 +21,7 @@ This module is named like the framework; ``import keras`` below is the real pack
 
 from __future__ import annotations
 
-import collections
 import glob
-import gzip
 import os
 import shutil
 import tempfile
@@ -35,7 +33,7 @@ from typing import Any
 import keras
 
 from . import _keras_env
-from .torch import GpuProfWarning, _nvml_tags  # framework-free parts (torch is not imported)
+from ._hookcore import GpuProfWarning, HookCore, gzip_copy
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
 DRAIN_TIMEOUT_S = 120.0  # longest wait for an in-flight step at the window's edges
@@ -55,7 +53,7 @@ class _Exec:
         self.t_end: float | None = None
 
 
-class GpuProfCallback(keras.callbacks.Callback):
+class GpuProfCallback(keras.callbacks.Callback, HookCore):
     """Profile ``model.fit``: ``GpuProfCallback(logdir, iter_start, iter_stop, **options)``.
 
     Args:
@@ -85,40 +83,18 @@ class GpuProfCallback(keras.callbacks.Callback):
                  record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
                  memory: bool = True, scalars: bool = True, flush_secs: float = 1.0) -> None:
         super().__init__()
-        if iter_start is not None and iter_start < 0:
-            raise ValueError(f"iter_start must be >= 0, got {iter_start}")
-        if iter_start is not None and iter_stop is None:
-            iter_stop = iter_start + 1
-        if iter_start is not None and iter_stop is not None and iter_stop <= iter_start:
-            raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
-                             f"({iter_start})")
-        self.logdir = os.fspath(logdir)
-        self.iter_start = iter_start
-        self.iter_stop = iter_stop if iter_start is not None else None
-        self.key = key
-        self.nvml_interval_s = nvml_interval_s
-        self.with_stack = with_stack
-        self.record_shapes = record_shapes
-        self.with_flops = with_flops
-        self.flush_secs = flush_secs
+        # iteration: global step of the next execution
+        self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
+                        with_stack=with_stack, record_shapes=record_shapes,
+                        with_flops=with_flops, flush_secs=flush_secs)
         self._want = {"nvml": nvml, "memory": memory, "scalars": scalars}
-        self._on: dict[str, bool] = {}
-        self._warned: set[str] = set()
         self._dead = True  # until on_train_begin's setup succeeds, and after an internal bug
         self._set_up = False
         self.backend: str | None = None
         self.gpu = False
         self._fw: Any = None
-        self._writer: Any = None
-        self._sampler: Any = None
         self._mem_probe: Any = None
         self._lock = threading.Condition()
-        self._nvml_lock = threading.Lock()
-        self._nvml_recent: collections.deque[Any] = collections.deque(maxlen=20_000)
-        self._out: collections.deque[tuple[int, float, dict[str, float]]] = collections.deque()
-        self._flusher: threading.Thread | None = None
-        self._stop_flusher = threading.Event()
-        self.iteration = 0  # global step of the next execution
         self._spe = 1
         self._epoch = 0
         self._boundary = True
@@ -127,32 +103,12 @@ class GpuProfCallback(keras.callbacks.Callback):
         self._waiting: _Exec | None = None
         self._train_tid = 0
         self.batch_end_async: bool | None = None  # what Keras did, once seen
-        self._wall_ms: list[float] = []
         self._window: _Window | None = None
         self._window_done = False
         self._window_mem: list[float] = []
-        self._analysis: threading.Thread | None = None
-        self.env: dict[str, Any] | None = None
-        self.report: dict[str, Any] | None = None  # the window's report, once analyzed
-        self.trace_path: str | None = None  # the stored raw profile, once saved
         self.report_step: int | None = None  # the step the report is stored at
 
     # -- robustness ------------------------------------------------------------------------
-
-    def _fail(self, feature: str, exc: BaseException | str) -> None:
-        """Switch ``feature`` off and warn once; training continues."""
-        self._on[feature] = False
-        if feature not in self._warned:
-            self._warned.add(feature)
-            warnings.warn(f"tb_gpuprof: {feature} disabled, training continues: {exc}",
-                          GpuProfWarning, stacklevel=3)
-
-    def _guard(self, feature: str, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except Exception as e:
-            self._fail(feature, e)
-            return None
 
     def _bug(self, e: BaseException) -> None:
         """A bug of ours: stop measuring, never stop training."""
@@ -199,25 +155,7 @@ class GpuProfCallback(keras.callbacks.Callback):
             self._guard("event writer", self._open_writer)
         if self._sampler is None and self._on.get("nvml"):
             self._guard("nvml", self._start_nvml)
-        if self._writer is not None and self._on.get("scalars") and self._flusher is None:
-            self._stop_flusher.clear()
-            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
-                                             name="tb_gpuprof-scalars")
-            self._flusher.start()
-
-    def _open_writer(self) -> None:
-        from .store.writer import EventWriter
-
-        self._writer = EventWriter(self.logdir)
-
-    def _start_nvml(self) -> None:
-        from .nvml.sampler import NvmlSampler
-
-        kwargs = {} if self.nvml_interval_s is None else {"interval_s": self.nvml_interval_s}
-        sampler = NvmlSampler(**kwargs)
-        if not sampler.start():
-            raise RuntimeError(sampler.unavailable_reason or "NVML unavailable")
-        self._sampler = sampler
+        self._start_flush_thread()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self._epoch += 1
@@ -249,20 +187,8 @@ class GpuProfCallback(keras.callbacks.Callback):
         its end; another ``fit`` with the same callback continues in a new events file)."""
         self._stop_flush_thread()
         self._flush_scalars()
-        if self._sampler is not None:
-            self._guard("nvml", self._sampler.stop)
-            self._sampler = None
-        if self._writer is not None:
-            self._guard("event writer", self._writer.close)
-            self._writer = None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the window's analysis; True when it is done (or there is none)."""
-        t = self._analysis
-        if t is not None:
-            t.join(timeout)
-            return not t.is_alive()
-        return True
+        self._stop_nvml()
+        self._close_writer()
 
     @property
     def iteration_times_ms(self) -> list[float]:
@@ -392,94 +318,26 @@ class GpuProfCallback(keras.callbacks.Callback):
             raw = win.raw_trace()
             if self._writer is not None:
                 # stored first: the raw profile is worth keeping even if the analysis fails
-                from .store.writer import save_raw_trace
-
-                self.trace_path = raw = save_raw_trace(self.logdir, win.stored_copy(raw), step)
-            from .analysis.report import build_report
-            from .readers import load_profile
-
-            profile = load_profile(raw)
-            if self.gpu and not profile.gpu:
-                warnings.warn("tb_gpuprof: the window's profile holds no GPU activity: CUPTI "
-                              "is probably in use by another tool (Nsight, another profiler); "
-                              "the report covers host work only", GpuProfWarning, stacklevel=1)
-            telemetry = self._guard("nvml", self._window_telemetry, win.t0, win.t1) \
-                if self._sampler is not None and self._on.get("nvml") else None
-            report = build_report(profile, key=self.key, env=env, telemetry=telemetry)
-            if self._writer is not None and self.trace_path is not None:
-                report["source"]["path"] = os.path.relpath(self.trace_path, self.logdir)
-                self._writer.add_report(report, step=step)
-            self.report = report
+                raw = self._save_raw_trace(win.stored_copy(raw), step)
+            report = self._window_report(
+                raw, env, win.t0, win.t1, gpu_expected=self.gpu,
+                no_gpu_warning="tb_gpuprof: the window's profile holds no GPU activity: CUPTI "
+                "is probably in use by another tool (Nsight, another profiler); the report "
+                "covers host work only")
+            self._store_report(report, step)
             self.report_step = step
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:
             win.cleanup()
 
-    def _window_telemetry(self, t0: float, t1: float) -> dict[str, Any] | None:
-        """NVML summary of the window (as the PyTorch hook: nearest samples if it is short)."""
-        period = float(getattr(self._sampler, "interval_s", 0.5))
-        # analysis thread: let the sample after t1 arrive (reading the profile took a while)
-        time.sleep(max(0.0, min(period, 2.0) - (time.time() - t1)))
-        self._drain_nvml()
-        with self._nvml_lock:
-            recent = list(self._nvml_recent)
-        inside = [s for s in recent if t0 <= s.time <= t1]
-        if not inside:
-            inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
-        return self._sampler.window_summary(inside)
-
-    # -- scalars (background thread) ---------------------------------------------------------
-
-    def _stop_flush_thread(self) -> None:
-        if self._flusher is not None:
-            self._stop_flusher.set()
-            self._flusher.join(timeout=30)
-            self._flusher = None
-
-    def _flush_loop(self) -> None:
-        while not self._stop_flusher.wait(self.flush_secs):
-            self._flush_scalars()
-
-    def _drain_nvml(self) -> list[Any]:
-        with self._nvml_lock:
-            samples = self._sampler.drain()
-            self._nvml_recent.extend(samples)
-        return samples
-
-    def _flush_scalars(self) -> None:
-        writer, out = self._writer, self._out
-        if writer is None:
-            return
-        try:
-            while out:
-                step, wall_time, values = out.popleft()
-                writer.add_scalars(values, step, wall_time)
-            if self._sampler is not None and self._on.get("nvml"):
-                samples = self._drain_nvml()
-                nv = self._sampler.scalars(samples) if samples else None
-                if nv:
-                    writer.add_scalars(_nvml_tags(nv), max(self.iteration - 1, 0))
-        except Exception as e:
-            self._fail("scalars", e)
-
     def _write_summary(self) -> None:
-        if self._writer is None:
-            return
-        walls = sorted(self._wall_ms)
-        summary = {
-            "iterations": self.iteration,
-            "iteration_time_ms_median": walls[len(walls) // 2] if walls else None,
-            "window": [self.iter_start, self.iter_stop] if self.iter_start is not None else None,
-            "report_step": self.report_step,
+        self._write_run_summary(self._wall_ms, self.report_step, {
             "backend": self.backend,
             "steps_per_execution": self._spe,
             "batch_end_dispatch": None if self.batch_end_async is None else
             ("async" if self.batch_end_async else "sync"),
-            "env": self.env,
-            "warnings": sorted(self._warned),
-        }
-        self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
+        })
 
 
 class _Window:
@@ -618,11 +476,8 @@ class _TorchWindow(_Window):
         return path
 
     def stored_copy(self, raw: str) -> str:
-        packed = os.path.join(self.tmp, f"window_{self.first_step}_{self.last_step + 1}"
-                                        ".pt.trace.json.gz")
-        with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        return packed
+        return gzip_copy(raw, os.path.join(
+            self.tmp, f"window_{self.first_step}_{self.last_step + 1}.pt.trace.json.gz"))
 
 
 __all__ = ["GpuProfCallback", "GpuProfWarning"]

@@ -19,7 +19,6 @@ This module is named like the framework; ``torch`` itself is imported lazily via
 from __future__ import annotations
 
 import collections
-import gzip
 import importlib
 import os
 import shutil
@@ -31,14 +30,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _torch_env
+from ._hookcore import GpuProfWarning, HookCore, gzip_copy
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
 # (the GPU never lags that far behind in practice; this only bounds memory).
 MAX_PENDING = 1000
-
-
-class GpuProfWarning(UserWarning):
-    """A tb_gpuprof feature failed and was switched off; training goes on."""
 
 
 class _Iter:
@@ -56,7 +52,7 @@ class _Iter:
         self.mem: tuple[float, float] | None = None
 
 
-class GpuProfiler:
+class GpuProfiler(HookCore):
     """Profile a PyTorch training loop; call :meth:`step` at the end of every iteration.
 
     Args:
@@ -94,71 +90,32 @@ class GpuProfiler:
                  model: Any = None, model_hooks: bool = True, nvtx: bool = True,
                  cuda_profiler_api: bool = True, memory: bool = True, scalars: bool = True,
                  flush_secs: float = 1.0) -> None:
-        if iter_start is not None and iter_start < 0:
-            raise ValueError(f"iter_start must be >= 0, got {iter_start}")
-        if iter_start is not None and iter_stop is None:
-            iter_stop = iter_start + 1
-        if iter_start is not None and iter_stop is not None and iter_stop <= iter_start:
-            raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
-                             f"({iter_start})")
-        self.logdir = os.fspath(logdir)
-        # Where this process writes: ``logdir``, or ``logdir/rank<r>`` for rank r > 0 (set at
-        # start(), once torch.distributed is up).
-        self.run_dir = self.logdir
+        # run_dir: ``logdir``, or ``logdir/rank<r>`` for rank r > 0 (set at start(), once
+        # torch.distributed is up). iteration: index of the iteration in progress.
+        self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
+                        with_stack=with_stack, record_shapes=record_shapes,
+                        with_flops=with_flops, flush_secs=flush_secs)
         self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
-        self.iter_start = iter_start
-        self.iter_stop = iter_stop if iter_start is not None else None
-        self.key = key
         self.model = model
-        self.nvml_interval_s = nvml_interval_s
-        self.with_stack = with_stack
-        self.record_shapes = record_shapes
-        self.with_flops = with_flops
-        self.flush_secs = flush_secs
         self._want = {"nvml": nvml, "nvtx": nvtx, "cuda_profiler_api": cuda_profiler_api,
                       "memory": memory, "scalars": scalars, "model_hooks": model_hooks}
-        self._on: dict[str, bool] = {}
-        self._warned: set[str] = set()
         self._torch: Any = None
-        self._writer: Any = None
-        self._sampler: Any = None
-        self._nvml_lock = threading.Lock()
-        self._nvml_recent: collections.deque[Any] = collections.deque(maxlen=20_000)
         self._started = False
         self.cuda = False
         self._dead = True  # until start() succeeds, and after an internal bug
         self._closed = False
-        self.iteration = 0  # index of the iteration in progress
         self._t_last = 0.0
         self._t_ready: float | None = None
         self._ev_last: Any = None  # end event of the previous iteration
         self._ev_ready: Any = None  # event recorded when this iteration's batch was in hand
         self._pending: collections.deque[_Iter] = collections.deque()
-        self._out: collections.deque[tuple[int, float, dict[str, float]]] = collections.deque()
-        self._flusher: threading.Thread | None = None
-        self._stop_flusher = threading.Event()
         self._hooks: list[Any] = []
         self._autocast: str | None = None
         self._window: Any = None  # the running torch.profiler.profile
         self._window_t0 = 0.0
         self._recording = False  # the window's profiler is past its warm-up iteration
         self._nvtx_open = False
-        self._analysis: threading.Thread | None = None
-        self._wall_ms: list[float] = []
-        self.env: dict[str, Any] | None = None
-        self.report: dict[str, Any] | None = None  # the window's report, once analyzed
-        self.trace_path: str | None = None  # the stored raw trace, once saved
         self.analysis_seconds: float | None = None  # export + analysis + store, off-thread
-
-    # -- robustness ------------------------------------------------------------------------
-
-    def _fail(self, feature: str, exc: BaseException | str) -> None:
-        """Switch ``feature`` off and warn once; training continues."""
-        self._on[feature] = False
-        if feature not in self._warned:
-            self._warned.add(feature)
-            warnings.warn(f"tb_gpuprof: {feature} disabled, training continues: {exc}",
-                          GpuProfWarning, stacklevel=3)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -205,39 +162,12 @@ class GpuProfiler:
                     "model_hooks": self.model is not None and bool(w["model_hooks"]),
                     "nvml": cuda if w["nvml"] is None else bool(w["nvml"])}
         self._guard("event writer", self._open_writer)
-        self._guard("nvml", self._start_nvml, when="nvml")
+        per_rank = self.distributed["world_size"] > 1 and self._device is not None
+        # under torch.distributed every rank samples its own GPU only
+        self._guard("nvml", self._start_nvml, [self._device] if per_rank else None, when="nvml")
         self._guard("model_hooks", self._install_model_hooks, when="model_hooks")
-        if self._writer is not None and self._on["scalars"]:
-            self._flusher = threading.Thread(target=self._flush_loop, name="tb_gpuprof-scalars",
-                                             daemon=True)
-            self._flusher.start()
+        self._start_flush_thread()
         self._begin_iteration(time.perf_counter())
-
-    def _guard(self, feature: str, fn: Any, *args: Any, when: str | None = None) -> Any:
-        if when is not None and not self._on.get(when):
-            return None
-        try:
-            return fn(*args)
-        except Exception as e:
-            self._fail(when or feature, e)
-            return None
-
-    def _open_writer(self) -> None:
-        from .store.writer import EventWriter
-
-        self._writer = EventWriter(self.run_dir)
-
-    def _start_nvml(self) -> None:
-        from .nvml.sampler import NvmlSampler
-
-        kwargs: dict[str, Any] = ({} if self.nvml_interval_s is None
-                                  else {"interval_s": self.nvml_interval_s})
-        if self.distributed["world_size"] > 1 and self._device is not None:
-            kwargs["devices"] = [self._device]  # every rank samples its own GPU only
-        sampler = NvmlSampler(**kwargs)
-        if not sampler.start():
-            raise RuntimeError(sampler.unavailable_reason or "NVML unavailable")
-        self._sampler = sampler
 
     def _install_model_hooks(self) -> None:
         def pre_hook(module: Any, args: Any) -> None:
@@ -272,23 +202,11 @@ class GpuProfiler:
             h.remove()
         self._harvest(wait=True)
         self.wait()
-        if self._flusher is not None:
-            self._stop_flusher.set()
-            self._flusher.join(timeout=30)
+        self._stop_flush_thread()
         self._flush_scalars()
-        if self._sampler is not None:
-            self._guard("nvml", self._sampler.stop)
+        self._stop_nvml()
         self._guard("run summary", self._write_summary)
-        if self._writer is not None:
-            self._guard("event writer", self._writer.close)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the window's analysis; True when it is done (or there is none)."""
-        t = self._analysis
-        if t is not None:
-            t.join(timeout)
-            return not t.is_alive()
-        return True
+        self._close_writer()
 
     # -- per iteration -----------------------------------------------------------------------
 
@@ -438,29 +356,6 @@ class GpuProfiler:
                 values["gpuprof/memory_reserved_peak_mb"] = rec.mem[1]
             self._out.append((rec.step, rec.wall_time, values))
 
-    # -- scalars (background thread) ---------------------------------------------------------
-
-    def _flush_loop(self) -> None:
-        while not self._stop_flusher.wait(self.flush_secs):
-            self._flush_scalars()
-
-    def _flush_scalars(self) -> None:
-        writer, out = self._writer, self._out
-        if writer is None:
-            return
-        try:
-            while out:
-                step, wall_time, values = out.popleft()
-                if self._on.get("scalars"):
-                    writer.add_scalars(values, step, wall_time)
-            if self._sampler is not None and self._on.get("nvml"):
-                samples = self._drain_nvml()
-                nv = self._sampler.scalars(samples) if samples else None
-                if nv:
-                    writer.add_scalars(_nvml_tags(nv), max(self.iteration - 1, 0))
-        except Exception as e:
-            self._fail("scalars", e)
-
     # -- the window --------------------------------------------------------------------------
 
     def _window_opens_at(self) -> int:
@@ -559,57 +454,21 @@ class GpuProfiler:
         if exc:
             self._fail("window", exc)
 
-    def _drain_nvml(self) -> list[Any]:
-        """New NVML samples; they are also kept a while for the window's telemetry."""
-        with self._nvml_lock:
-            samples = self._sampler.drain()
-            self._nvml_recent.extend(samples)
-        return samples
-
-    def _window_telemetry(self, t0: float, t1: float) -> dict[str, Any] | None:
-        """NVML summary of the window. A window shorter than the sampling period gets the
-        samples nearest to it (one period either side), waiting for the one after it."""
-        if self._sampler is None or not self._on.get("nvml"):
-            return None
-        period = float(getattr(self._sampler, "interval_s", 0.5))
-        time.sleep(min(period, 2.0))  # analysis thread: let the sample after t1 arrive
-        self._drain_nvml()
-        with self._nvml_lock:
-            recent = list(self._nvml_recent)
-        inside = [s for s in recent if t0 <= s.time <= t1]
-        if not inside:
-            inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
-        return self._sampler.window_summary(inside)
-
     def _analyze(self, prof: Any, step: int, env: dict[str, Any],
                  window: tuple[float, float]) -> None:
         t0 = time.perf_counter()
         tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         try:
-            telemetry = self._guard("nvml", self._window_telemetry, *window, when="nvml")
             raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
             prof.export_chrome_trace(raw)
-            from .analysis.report import build_report
-            from .readers import load_profile
-
-            profile = load_profile(raw)
-            if self.cuda and not profile.gpu:
-                warnings.warn("tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
-                              "probably in use by another tool (Nsight Systems/Compute, another "
-                              "profiler, JAX); the report covers CPU operators only",
-                              GpuProfWarning, stacklevel=1)
-            report = build_report(profile, key=self.key, env=env, telemetry=telemetry)
-            if self._writer is not None:
-                packed = raw + ".gz"
-                with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                from .store.writer import save_raw_trace
-
-                self.trace_path = save_raw_trace(self.run_dir, packed, step)
-                # the temporary file is gone after this; name the copy the run keeps
-                report["source"]["path"] = os.path.relpath(self.trace_path, self.run_dir)
-                self._writer.add_report(report, step=step)
-            self.report = report
+            report = self._window_report(
+                raw, env, *window, gpu_expected=self.cuda,
+                no_gpu_warning="tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
+                "probably in use by another tool (Nsight Systems/Compute, another profiler, "
+                "JAX); the report covers CPU operators only")
+            if self._writer is not None:  # the report is worth its raw trace
+                self._save_raw_trace(gzip_copy(raw, raw + ".gz"), step)
+            self._store_report(report, step)
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:
@@ -620,27 +479,15 @@ class GpuProfiler:
 
     def _write_summary(self) -> None:
         """Rank 0 records what the run was (other ranks' scalars sit in their own files)."""
-        if self._writer is None or self._torch is None:
+        if self._torch is None:
             return
         dist = self.distributed  # as at start(): the process group may be gone by now
         if dist["rank"] != 0:
             return
-        walls = sorted(self._wall_ms[1:] or self._wall_ms)  # iteration 0 includes warm-up
-        summary: dict[str, Any] = {
-            "iterations": self.iteration,
-            "iteration_time_ms_median": walls[len(walls) // 2] if walls else None,
-            "window": [self.iter_start, self.iter_stop] if self.iter_start is not None else None,
-            "report_step": (self.iter_stop - 1) if self.report is not None else None,
-            "distributed": dist,
-            "env": self.env,
-            "warnings": sorted(self._warned),
-        }
-        self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
-
-
-def _nvml_tags(values: dict[str, float]) -> dict[str, float]:
-    return {(k if k.startswith("gpuprof/") else f"gpuprof/{k}"): float(v)
-            for k, v in values.items()}
+        self._write_run_summary(
+            self._wall_ms[1:] or self._wall_ms,  # iteration 0 includes warm-up
+            (self.iter_stop - 1) if self.report is not None else None,
+            {"distributed": dist})
 
 
 __all__ = ["GpuProfWarning", "GpuProfiler"]

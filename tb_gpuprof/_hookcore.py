@@ -1,0 +1,250 @@
+"""What the PyTorch hook (tb_gpuprof.torch) and the Keras callback (tb_gpuprof.keras) share:
+warn-once feature switches, the run's events file, the scalar queue and its flush thread, NVML
+sampling and window telemetry, the window's analyze-and-store steps and the run summary.
+
+Framework-free (no torch/keras/tensorflow/jax imports): the hooks import the frameworks; this
+module only moves numbers and files. The per-step hot paths stay in the hooks and touch only
+plain attributes set here (``_on``, ``_out``, ``_wall_ms``), so sharing adds nothing per step.
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import os
+import shutil
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+
+class GpuProfWarning(UserWarning):
+    """A tb_gpuprof feature failed and was switched off; training goes on."""
+
+
+def nvml_scalar_tags(values: dict[str, float]) -> dict[str, float]:
+    """NVML sampler scalars under the ``gpuprof/`` tag prefix, as floats."""
+    return {(k if k.startswith("gpuprof/") else f"gpuprof/{k}"): float(v)
+            for k, v in values.items()}
+
+
+def gzip_copy(src: str, dest: str) -> str:
+    """``dest``: a fast-compressed copy of ``src`` (raw traces are large, and stored once)."""
+    with open(src, "rb") as fin, gzip.open(dest, "wb", compresslevel=1) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return dest
+
+
+class HookCore:
+    """Mixin holding the framework-free state and machinery of a capture hook.
+
+    The hook calls :meth:`_init_core` from its ``__init__`` (a method, not ``__init__``, so it
+    composes with a framework's own base class), sets ``_on`` (feature -> on) when it starts,
+    appends ``(step, wall_time, {tag: value})`` to ``_out`` per iteration, and advances
+    ``iteration``. Subclasses must write ``run_dir`` before the events file opens.
+    """
+
+    def _init_core(self, logdir: str | os.PathLike[str], iter_start: int | None,
+                   iter_stop: int | None, *, key: str | None, nvml_interval_s: float | None,
+                   with_stack: bool, record_shapes: bool, with_flops: bool,
+                   flush_secs: float) -> None:
+        if iter_start is not None and iter_start < 0:
+            raise ValueError(f"iter_start must be >= 0, got {iter_start}")
+        if iter_start is not None and iter_stop is None:
+            iter_stop = iter_start + 1
+        if iter_start is not None and iter_stop is not None and iter_stop <= iter_start:
+            raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
+                             f"({iter_start})")
+        self.logdir = os.fspath(logdir)
+        self.run_dir = self.logdir  # where this process writes (the PyTorch hook: per rank)
+        self.iter_start = iter_start
+        self.iter_stop = iter_stop if iter_start is not None else None
+        self.key = key
+        self.nvml_interval_s = nvml_interval_s
+        self.with_stack = with_stack
+        self.record_shapes = record_shapes
+        self.with_flops = with_flops
+        self.flush_secs = flush_secs
+        self._on: dict[str, bool] = {}
+        self._warned: set[str] = set()
+        self._writer: Any = None
+        self._sampler: Any = None
+        self._nvml_lock = threading.Lock()
+        self._nvml_recent: collections.deque[Any] = collections.deque(maxlen=20_000)
+        self._out: collections.deque[tuple[int, float, dict[str, float]]] = collections.deque()
+        self._flusher: threading.Thread | None = None
+        self._stop_flusher = threading.Event()
+        self.iteration = 0
+        self._wall_ms: list[float] = []
+        self._analysis: threading.Thread | None = None
+        self.env: dict[str, Any] | None = None
+        self.report: dict[str, Any] | None = None  # the window's report, once analyzed
+        self.trace_path: str | None = None  # the stored raw profile, once saved
+
+    # -- robustness ------------------------------------------------------------------------
+
+    def _fail(self, feature: str, exc: BaseException | str) -> None:
+        """Switch ``feature`` off and warn once; training continues."""
+        self._on[feature] = False
+        if feature not in self._warned:
+            self._warned.add(feature)
+            warnings.warn(f"tb_gpuprof: {feature} disabled, training continues: {exc}",
+                          GpuProfWarning, stacklevel=3)
+
+    def _guard(self, feature: str, fn: Callable[..., Any], *args: Any,
+               when: str | None = None) -> Any:
+        """``fn(*args)``; an error switches off ``when`` (or ``feature``) and gives None.
+        With ``when``: nothing runs while that feature is off."""
+        if when is not None and not self._on.get(when):
+            return None
+        try:
+            return fn(*args)
+        except Exception as e:
+            self._fail(when or feature, e)
+            return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the window's analysis; True when it is done (or there is none)."""
+        t = self._analysis
+        if t is not None:
+            t.join(timeout)
+            return not t.is_alive()
+        return True
+
+    # -- outputs: events file, NVML, scalar thread -------------------------------------------
+
+    def _open_writer(self) -> None:
+        from .store.writer import EventWriter
+
+        self._writer = EventWriter(self.run_dir)
+
+    def _start_nvml(self, devices: list[int] | None = None) -> None:
+        from .nvml.sampler import NvmlSampler
+
+        kwargs: dict[str, Any] = ({} if self.nvml_interval_s is None
+                                  else {"interval_s": self.nvml_interval_s})
+        if devices is not None:
+            kwargs["devices"] = devices
+        sampler = NvmlSampler(**kwargs)
+        if not sampler.start():
+            raise RuntimeError(sampler.unavailable_reason or "NVML unavailable")
+        self._sampler = sampler
+
+    def _start_flush_thread(self) -> None:
+        if self._writer is not None and self._on.get("scalars") and self._flusher is None:
+            self._stop_flusher.clear()
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                             name="tb_gpuprof-scalars")
+            self._flusher.start()
+
+    def _stop_flush_thread(self) -> None:
+        if self._flusher is not None:
+            self._stop_flusher.set()
+            self._flusher.join(timeout=30)
+            self._flusher = None
+
+    def _stop_nvml(self) -> None:
+        if self._sampler is not None:
+            self._guard("nvml", self._sampler.stop)
+            self._sampler = None
+
+    def _close_writer(self) -> None:
+        if self._writer is not None:
+            self._guard("event writer", self._writer.close)
+            self._writer = None
+
+    # -- scalars (background thread) ---------------------------------------------------------
+
+    def _flush_loop(self) -> None:
+        while not self._stop_flusher.wait(self.flush_secs):
+            self._flush_scalars()
+
+    def _flush_scalars(self) -> None:
+        writer, out = self._writer, self._out
+        if writer is None:
+            return
+        try:
+            while out:
+                step, wall_time, values = out.popleft()
+                if self._on.get("scalars"):  # queued before a failure switched them off
+                    writer.add_scalars(values, step, wall_time)
+            if self._sampler is not None and self._on.get("nvml"):
+                samples = self._drain_nvml()
+                nv = self._sampler.scalars(samples) if samples else None
+                if nv:
+                    writer.add_scalars(nvml_scalar_tags(nv), max(self.iteration - 1, 0))
+        except Exception as e:
+            self._fail("scalars", e)
+
+    def _drain_nvml(self) -> list[Any]:
+        """New NVML samples; they are also kept a while for the window's telemetry."""
+        with self._nvml_lock:
+            samples = self._sampler.drain()
+            self._nvml_recent.extend(samples)
+        return samples
+
+    # -- the window's analysis (analysis thread) ---------------------------------------------
+
+    def _window_telemetry(self, t0: float, t1: float) -> dict[str, Any] | None:
+        """NVML summary of the window [t0, t1] (wall clock). A window shorter than the sampling
+        period gets the samples nearest to it (one period either side)."""
+        if self._sampler is None or not self._on.get("nvml"):
+            return None
+        period = float(getattr(self._sampler, "interval_s", 0.5))
+        # let the sample after t1 arrive (reading the profile may have taken that long)
+        time.sleep(max(0.0, min(period, 2.0) - (time.time() - t1)))
+        self._drain_nvml()
+        with self._nvml_lock:
+            recent = list(self._nvml_recent)
+        inside = [s for s in recent if t0 <= s.time <= t1]
+        if not inside:
+            inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
+        return self._sampler.window_summary(inside)
+
+    def _window_report(self, path: str, env: dict[str, Any], t0: float, t1: float, *,
+                       gpu_expected: bool, no_gpu_warning: str) -> dict[str, Any]:
+        """Read the window's profile at ``path`` and build its report with NVML telemetry."""
+        from .analysis.report import build_report
+        from .readers import load_profile
+
+        profile = load_profile(path)
+        if gpu_expected and not profile.gpu:
+            warnings.warn(no_gpu_warning, GpuProfWarning, stacklevel=1)
+        telemetry = self._guard("nvml", self._window_telemetry, t0, t1, when="nvml")
+        return build_report(profile, key=self.key, env=env, telemetry=telemetry)
+
+    def _save_raw_trace(self, path: str, step: int) -> str:
+        """Keep the window's raw profile in the run (under the run's name for it)."""
+        from .store.writer import save_raw_trace
+
+        self.trace_path = save_raw_trace(self.run_dir, path, step)
+        return self.trace_path
+
+    def _store_report(self, report: dict[str, Any], step: int) -> None:
+        """Write the report at ``step``; its source is the stored raw profile (the temporary
+        file it was read from is gone by then)."""
+        if self._writer is not None and self.trace_path is not None:
+            report["source"]["path"] = os.path.relpath(self.trace_path, self.run_dir)
+            self._writer.add_report(report, step=step)
+        self.report = report
+
+    # -- run summary -------------------------------------------------------------------------
+
+    def _write_run_summary(self, walls_ms: list[float], report_step: int | None,
+                           details: dict[str, Any]) -> None:
+        """``gpuprof/run_summary``: what the run was; ``details`` are the hook's own fields."""
+        if self._writer is None:
+            return
+        walls = sorted(walls_ms)
+        summary: dict[str, Any] = {
+            "iterations": self.iteration,
+            "iteration_time_ms_median": walls[len(walls) // 2] if walls else None,
+            "window": [self.iter_start, self.iter_stop] if self.iter_start is not None else None,
+            "report_step": report_step,
+            **details,
+            "env": self.env,
+            "warnings": sorted(self._warned),
+        }
+        self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
