@@ -11,11 +11,11 @@ load imbalance and the distributed recommendations (docs/recommendations.md).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
 from typing import Any
 
 from ..model import KERNEL, Profile
 from .classify import classify_kernel
+from .intervals import Intervals, intersect, length, merge, subtract
 
 # Host-side names of collectives: the ranges gloo/NCCL/MPI/UCC backends record per collective
 # (``gloo:all_reduce`` on gloo's worker threads) and the c10d operators that launch them.
@@ -31,60 +31,6 @@ COMMUNICATION_SAVING = 0.5  # share of exposed communication the fixes are assum
 STRAGGLER_MIN_PCT = 10.0  # slowest rank's working time over the other ranks' median
 STRAGGLER_MIN_MS = 1.0
 STRAGGLER_HIGH_PCT = 25.0
-
-
-# -- intervals ------------------------------------------------------------------------------
-
-Intervals = list[tuple[float, float]]
-
-
-def merge(intervals: Iterable[tuple[float, float]]) -> Intervals:
-    out: Intervals = []
-    for s, e in sorted(iv for iv in intervals if iv[1] > iv[0]):
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
-
-
-def intersect(a: Intervals, b: Intervals) -> Intervals:
-    """Intersection of two merged interval lists (merged)."""
-    out: Intervals = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if hi > lo:
-            out.append((lo, hi))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(a: Intervals, b: Intervals) -> Intervals:
-    """``a`` minus ``b`` (both merged)."""
-    out: Intervals = []
-    j = 0
-    for s, e in a:
-        cur = s
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < e:
-            out.append((cur, e))
-    return out
-
-
-def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
-    return sum(max(min(e, hi) - max(s, lo), 0.0) for s, e in iv)
 
 
 # -- one rank -------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from ..errors import EmptyProfileError
 from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
 from .classify import KernelClass, classify_kernel, is_tc_eligible_op
 from .demangle import demangle
+from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
 
@@ -26,57 +27,6 @@ _DTYPE_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32
 
 def _pct(part: float, whole: float) -> float:
     return round(100.0 * part / whole, 3) if whole > 0 else 0.0
-
-
-def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    intervals.sort()
-    out: list[tuple[float, float]] = []
-    for s, e in intervals:
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1] = (out[-1][0], e)
-        else:
-            out.append((s, e))
-    return out
-
-
-class _Coverage:
-    """Merged intervals with prefix sums: overlap with any [a, b) in O(log n)."""
-
-    def __init__(self, intervals: list[tuple[float, float]]) -> None:
-        self.iv = _merged(intervals)
-        self.starts = [s for s, _ in self.iv]
-        self.prefix = [0.0]
-        for s, e in self.iv:
-            self.prefix.append(self.prefix[-1] + (e - s))
-
-    def overlap(self, a: float, b: float) -> float:
-        if b <= a or not self.iv:
-            return 0.0
-        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        j = bisect.bisect_left(self.starts, b)
-        total = 0.0
-        for s, e in self.iv[i:j]:
-            lo, hi = max(s, a), min(e, b)
-            if hi > lo:
-                total += hi - lo
-        return total
-
-    def gaps(self, a: float, b: float) -> list[tuple[float, float]]:
-        out = []
-        cur = a
-        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        for s, e in self.iv[i:]:
-            if s >= b:
-                break
-            if e <= cur:
-                continue
-            if s > cur:
-                out.append((cur, min(s, b)))
-            cur = max(cur, e)
-        if cur < b:
-            out.append((cur, b))
-        return out
 
 
 def _precision_from_types(types: list[str] | None, uses_tc: bool) -> str | None:
@@ -154,13 +104,13 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     phase_us = {FORWARD: 0.0, BACKWARD: 0.0, OPTIMIZER_PHASE: 0.0}
     phase_known = False
     items = []
-    dl_cov = _Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
+    dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
                         if x.kind == DATALOADER and not x.on_gpu])
-    sync_cov = _Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
+    sync_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
                           if r.name.startswith(SYNC_CALLS)])
-    launch_cov = _Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
+    launch_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
                             if not r.name.startswith(SYNC_CALLS)])
-    cpu_cov = _Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
+    cpu_cov = Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
     idle_attr = {"data_loading": 0.0, "cpu_ops": 0.0, "launch_overhead": 0.0,
                  "synchronization": 0.0, "other": 0.0}
 
@@ -229,7 +179,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                     flop_groups.setdefault(ctx.flop_op, []).append(
                         (k, dur, cls.tc_capable or cls.uses_tensor_cores
                          or cat in ("gemm", "conv", "attention")))
-        busy_cov = _Coverage(busy_iv)
+        busy_cov = Coverage(busy_iv)
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
         busy_all = sum(e - s for s, e in busy_cov.iv)
