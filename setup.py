@@ -32,6 +32,9 @@ setup(
     ],
     extras_require={
         "torch": ["torch>=2.1"],
+        # The main job (`tb-gpuprof demo`) trains a live run; torch up to the newest release the
+        # tests ran on (2.13), which on this project's machines is a local CPU build.
+        "demo": ["torch>=2.1,<2.14"],
         "keras": ["keras>=3.0"],
         "test": TEST_REQUIRES,
         # benchmarks/bench_parse.py runs torch-tb-profiler side by side (it pulls in pandas;
