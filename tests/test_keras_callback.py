@@ -18,7 +18,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from tb_gpuprof import cli
-from tb_gpuprof.store.reader import event_files, iter_events
+from tests.runs import cli_report, read_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE_XPLANE = os.path.join(ROOT, "tests", "data", "jax_conv_h200.xplane.pb")  # real H200
@@ -134,23 +134,6 @@ def tf_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def torch_run(tmp_path_factory):
     return _run_backend("torch", tmp_path_factory)
-
-
-def read_scalars(run_dir: str) -> dict[str, dict[int, float]]:
-    out: dict[str, dict[int, float]] = {}
-    for path in event_files(run_dir):
-        for event in iter_events(path):
-            for v in event.summary.value:
-                if v.WhichOneof("value") == "simple_value":
-                    out.setdefault(v.tag, {})[event.step] = v.simple_value
-    return out
-
-
-def cli_report(path: str) -> dict:
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        assert cli.main(["report", path, "--format", "json"]) == 0
-    return json.loads(buf.getvalue())
 
 
 def check_step_scalars(times: dict[int, float], expected: list[int], exact: bool) -> None:

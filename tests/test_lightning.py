@@ -15,8 +15,9 @@ except ImportError:
 from tb_gpuprof.lightning import GpuProfCallback  # noqa: E402
 from tb_gpuprof.store.reader import load_run_report  # noqa: E402
 from tb_gpuprof.torch import GpuProfWarning  # noqa: E402
+from tests.runs import read_scalars  # noqa: E402
 
-from .test_torch_hook import read_scalars, tiny_cnn  # noqa: E402
+from .test_torch_hook import tiny_cnn  # noqa: E402
 
 
 class TinyModule(pl.LightningModule):

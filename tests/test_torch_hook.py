@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import io
-import json
 import warnings
-from contextlib import redirect_stdout
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from tb_gpuprof import cli  # noqa: E402
 from tb_gpuprof.store.reader import event_files, iter_events  # noqa: E402
 from tb_gpuprof.torch import GpuProfiler, GpuProfWarning  # noqa: E402
+from tests.runs import cli_report, read_scalars  # noqa: E402
 
 HOOK_TAGS = ("gpuprof/iteration_time_ms", "gpuprof/gpu_time_ms", "gpuprof/data_wait_ms",
              "gpuprof/memory_allocated_peak_mb", "gpuprof/memory_reserved_peak_mb")
@@ -46,23 +43,6 @@ def train(prof: GpuProfiler, model: torch.nn.Module, data: list, *, autocast: bo
         losses.append(loss.item())
         prof.step()
     return losses
-
-
-def read_scalars(run_dir: str) -> dict[str, dict[int, float]]:
-    out: dict[str, dict[int, float]] = {}
-    for path in event_files(run_dir):
-        for event in iter_events(path):
-            for v in event.summary.value:
-                if v.WhichOneof("value") == "simple_value":
-                    out.setdefault(v.tag, {})[event.step] = v.simple_value
-    return out
-
-
-def cli_report(path: str) -> dict:
-    buf = io.StringIO()
-    with redirect_stdout(buf):
-        assert cli.main(["report", path, "--format", "json"]) == 0
-    return json.loads(buf.getvalue())
 
 
 def test_training_loop_writes_scalars_and_a_window_report(tmp_path):
