@@ -86,6 +86,12 @@ class Coverage:
         total -= min(max(e - b, 0.0), e - s)  # the part of the last interval after b
         return max(total, 0.0)
 
+    def iv_between(self, a: float, b: float) -> Intervals:
+        """The merged intervals that overlap [a, b), unclipped."""
+        lo = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        hi = bisect.bisect_left(self.starts, b)
+        return [iv for iv in self.iv[lo:hi] if iv[1] > a]
+
     def gaps(self, a: float, b: float) -> list[tuple[float, float]]:
         out = []
         cur = a

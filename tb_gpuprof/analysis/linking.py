@@ -78,6 +78,7 @@ def link_launches(profile: Profile, is_eligible
         return v
 
     out: dict[int, LaunchContext] = {}
+    in_optimizer: dict[int, int] = {}  # correlation -> the optimizer-step range around it
     for events in by_tid.values():
         events.sort()
         stack: list[tuple[float, int, int]] = []  # (end, kind, index)
@@ -98,7 +99,9 @@ def link_launches(profile: Profile, is_eligible
                 continue
             call = profile.runtime[idx]
             if cached is not None:
-                out[call.correlation] = LaunchContext(call.start_us, *cached)
+                out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
+                if cached[-1] is not None:
+                    in_optimizer[call.correlation] = cached[-1]
                 continue
             outer = inner = None
             saw_op = False
@@ -107,18 +110,20 @@ def link_launches(profile: Profile, is_eligible
             phase = FORWARD
             types = None
             source = None
+            opt_range = None
+            backward = False
             for _end, k, j in stack:
                 if k == 1:
                     a = host_ann[j]
                     if a.kind == OPTIMIZER or a.name.startswith("Optimizer."):
-                        phase = OPTIMIZER_PHASE
+                        if opt_range is None:
+                            opt_range = j
                     continue
                 op = profile.cpu_ops[j]
                 saw_op = True
                 name = op.name
                 if name.startswith("autograd::engine::evaluate_function") or "Backward" in name:
-                    if phase != OPTIMIZER_PHASE:
-                        phase = BACKWARD
+                    backward = True
                 if eligible(name):
                     is_elig = True
                 if flops_of(j):
@@ -131,8 +136,31 @@ def link_launches(profile: Profile, is_eligible
                         types = op.input_types
                 if op.stack and source is None:
                     source = _user_frame(op)
+            # Backward wins over an enclosing optimizer step: closure optimizers (Lightning's
+            # automatic optimisation, LBFGS) run forward and backward inside step(closure).
+            if backward:
+                phase = BACKWARD
+            elif opt_range is not None:
+                phase = OPTIMIZER_PHASE
             if not saw_op and phase == FORWARD:
                 phase = None  # no framework op around the launch (XLA, raw CUDA): unknown
-            cached = (outer, inner, is_elig, phase, flop_op, types, source)
-            out[call.correlation] = LaunchContext(call.start_us, *cached)
+            cached = (outer, inner, is_elig, phase, flop_op, types, source, opt_range)
+            out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
+            if opt_range is not None:
+                in_optimizer[call.correlation] = opt_range
+    _split_closures(out, in_optimizer)
     return out, {i: f for i, f in flops_cache.items() if f}
+
+
+def _split_closures(out: dict[int, LaunchContext], in_optimizer: dict[int, int]) -> None:
+    """Inside an optimizer step that ran backward (a closure), work launched before the last
+    backward launch is the closure's forward pass, not the optimizer's update."""
+    last_backward: dict[int, float] = {}
+    for corr, rng in in_optimizer.items():
+        ctx = out[corr]
+        if ctx.phase == BACKWARD and ctx.launch_us > last_backward.get(rng, float("-inf")):
+            last_backward[rng] = ctx.launch_us
+    for corr, rng in in_optimizer.items():
+        ctx = out[corr]
+        if ctx.phase == OPTIMIZER_PHASE and ctx.launch_us < last_backward.get(rng, float("-inf")):
+            ctx.phase = FORWARD

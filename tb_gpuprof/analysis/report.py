@@ -9,12 +9,21 @@ from typing import Any
 from .. import REPORT_SCHEMA_VERSION, __version__
 from ..errors import EmptyProfileError
 from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
+from .bottleneck import (
+    blocking_copy_correlations,
+    bottleneck_section,
+    gpu_intervals,
+    host_timeline,
+    is_sync_call,
+    iteration_shares,
+)
 from .classify import KernelClass, classify_kernel, is_tc_eligible_op
 from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
 
+PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
 COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
               "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
@@ -60,6 +69,8 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md)."""
     if not profile.gpu and not profile.cpu_ops:
         raise EmptyProfileError(profile.source, "the trace holds no GPU or CPU activity")
+    env = dict(env or {})
+    unprofiled = env.pop("unprofiled", None)
     warnings: list[str] = []
     plan = plan_iterations(profile, key=key)
     if key and plan.method != "key_range" and plan.method != "profiler_step":
@@ -230,26 +241,53 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
         for f in ("total_us", "mean_us", "min_us", "max_us"):
             k[f] = round(k[f], 3)
 
+    comm_names: dict[str, bool] = {}
+
+    def is_comm(name: str) -> bool:
+        v = comm_names.get(name)
+        if v is None:
+            v = comm_names[name] = classify_kernel(name, KERNEL).category == "communication"
+        return v
+
+    gpu_cov = gpu_intervals(profile, is_comm)
+    host = host_timeline(profile)
+    shares = [iteration_shares(w.start_us, w.end_us, gpu_cov, host) for w in windows]
+
     walls = [w.wall_us / 1e3 for w in windows]
+    median_ms = statistics.median(walls)
+    unprofiled_ms = _unprofiled_median(unprofiled)
+    overhead = round(median_ms / unprofiled_ms, 3) if unprofiled_ms else None
+    if overhead is not None and overhead > PROFILER_OVERHEAD_WARN:
+        warnings.append(
+            f"the profiler slowed the window's iterations {overhead:.2f}x ({median_ms:.1f} ms "
+            f"vs {unprofiled_ms:.1f} ms un-profiled): host-side figures are shown against the "
+            "un-profiled time")
     wall_total = sum(w.wall_us for w in windows)
     busy_total = sum(it["gpu_busy_ms"] for it in items) * 1e3
     eligible_total = totals["tc"] + totals["elig"]
+    system = _system(profile, env)
     report: dict[str, Any] = {
         "schema_version": REPORT_SCHEMA_VERSION,
         "generator": f"tb_gpuprof {__version__}",
         "source": {"path": profile.source, "format": profile.format,
                    "events": len(profile.gpu) + len(profile.cpu_ops) + len(profile.runtime)},
-        "system": _system(profile, env),
+        "system": system,
         "iterations": {
             "method": plan.method, "key": plan.key, "count": len(windows),
             "range": _step_range(windows)[0], "range_kind": _step_range(windows)[1],
             "mean_ms": round(statistics.fmean(walls), 4),
-            "median_ms": round(statistics.median(walls), 4),
+            "median_ms": round(median_ms, 4),
             "min_ms": round(min(walls), 4), "max_ms": round(max(walls), 4),
             "p95_ms": round(_percentile(walls, 95), 4),
             "gpu_busy_mean_ms": round(busy_total / len(windows) / 1e3, 4),
+            "unprofiled_median_ms": round(unprofiled_ms, 4) if unprofiled_ms else None,
+            "unprofiled_source": (unprofiled or {}).get("source") if unprofiled_ms else None,
+            "profiler_overhead_ratio": overhead,
             "items": items,
         },
+        "bottleneck": bottleneck_section(
+            shares, [w.step for w in windows], [w.wall_us for w in windows],
+            unprofiled_ms=unprofiled_ms, framework=system.get("framework")),
         "gpu_time_us": round(gpu_time, 3),
         "kernels": kernel_list,
         "kernels_total": len(kernel_list),
@@ -292,9 +330,38 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     from .distributed import communication_section
     from .recommend import recommend
 
+    report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows)
     report["distributed"] = communication_section(profile, report)
     report["recommendations"] = recommend(report)
     return report
+
+
+def _sync_sites(profile: Profile, launches: dict[int, LaunchContext],
+                windows: list[IterationWindow]) -> list[dict[str, Any]]:
+    """Where the host blocked on the device inside the analyzed iterations: the op that did it
+    (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept."""
+    lo, hi = windows[0].start_us, windows[-1].end_us
+    blocking = blocking_copy_correlations(profile)
+    sites: dict[tuple[str, str | None], list[float]] = {}
+    for r in profile.runtime:
+        if not lo <= r.start_us < hi or not is_sync_call(r.name, r.correlation, blocking):
+            continue
+        ctx = launches.get(r.correlation) if r.correlation is not None else None
+        key = ((ctx.op if ctx and ctx.op else r.name), ctx.source if ctx else None)
+        sites.setdefault(key, []).append(r.dur_us)
+    n = max(len(windows), 1)
+    ranked = sorted(sites.items(), key=lambda kv: -sum(kv[1]))[:5]
+    return [{"op": op, "source": src, "count_per_iteration": round(len(d) / n, 2),
+             "blocked_ms_per_iteration": round(sum(d) / n / 1e3, 4)}
+            for (op, src), d in ranked]
+
+
+def _unprofiled_median(unprofiled: Any) -> float | None:
+    """The hook's median iteration period outside the window (``env["unprofiled"]``)."""
+    if not isinstance(unprofiled, dict):
+        return None
+    v = unprofiled.get("median_ms")
+    return float(v) if isinstance(v, int | float) and v > 0 else None
 
 
 def _align_to_gpu(windows: list[IterationWindow],

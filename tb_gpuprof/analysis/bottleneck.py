@@ -1,0 +1,251 @@
+"""What bounds each iteration: a critical-path account of every microsecond of it.
+
+An iteration's time is either covered by GPU work or it is a gap in which the GPU waits for the
+host. GPU-covered time is ``gpu`` (kernels), ``copy`` (only copies/memsets run) or
+``communication`` (only collectives run). A gap is charged to what the host was doing while the
+GPU waited, in this order of precedence:
+
+``data_wait``  the host is inside a data-loader fetch (``enumerate(DataLoader)``, tf.data);
+``sync``       the host is blocked in a synchronization (``cudaStreamSynchronize`` under
+               ``.item()``, ``torch.cuda.synchronize``, XLA ``BlockHostUntilReady``), or it is
+               re-filling the GPU's queue after one: a gap that opens while the host is blocked
+               is the sync's cost, because without it the host would have run ahead;
+``dispatch``   the host is inside framework ops or CUDA launch calls (eager overhead), or in
+               short op-less glue between them (Python between two ops, < ``GLUE_MAX_US``);
+``host``       the host runs no framework op for longer than that: Python, numpy, PIL,
+               tokenisation, anything outside the framework.
+
+The shares sum to the iteration time by construction. Framework-free: it reads the normalized
+``Profile`` only (all three readers feed it). Host activity is taken from the threads that
+launch GPU work (the main thread and PyTorch's autograd device thread), so a DataLoader's
+pin-memory thread does not count as dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..model import DATALOADER, KERNEL, OPTIMIZER, STEP, Profile
+from .intervals import Coverage, Intervals, length, merge, subtract
+
+CLASSES = ("gpu", "copy", "communication", "dispatch", "host", "data_wait", "sync")
+GLUE_MAX_US = 500.0  # op-less host stretches shorter than this are glue between ops (Python
+# between two ops, inflated by the profiler's per-op bookkeeping: 200-300 us seen with stacks)
+SYNC_EDGE_US = 2.0  # a sync that ends this close after the GPU idles still blocked it
+VERDICT_MIN_PCT = 50.0  # below this no class alone bounds the iteration: "mixed"
+
+HOST_SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+                   "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize")
+HOST_SYNC_EXACT = ("cudaMemcpy", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cudaMemcpy2D")
+XLA_SYNC_MARKERS = ("BlockHostUntilReady", "BlockUntilReady", "AwaitReady", "ToLiteral",
+                    "CopyRawToHost")
+LOADER_MARKERS = ("enumerate(DataLoader)", "IteratorGetNext", "Iterator::", "DataLoader")
+
+
+def is_host_sync(name: str) -> bool:
+    """A host call that blocks until the device has finished (not a GPU-side stream wait)."""
+    return (name.startswith(HOST_SYNC_CALLS) or name in HOST_SYNC_EXACT
+            or any(m in name for m in XLA_SYNC_MARKERS))
+
+
+@dataclass(slots=True)
+class HostTimeline:
+    """When the launching host threads were in a data fetch, a sync, or framework code."""
+
+    data: Coverage
+    sync: Coverage
+    framework: Coverage
+
+
+def _launch_tids(profile: Profile) -> set[int]:
+    """Threads that launch GPU work (at least 1% of the launches)."""
+    counts: dict[int, int] = {}
+    for r in profile.runtime:
+        if r.correlation is not None:
+            counts[r.tid] = counts.get(r.tid, 0) + 1
+    total = sum(counts.values())
+    return {t for t, n in counts.items() if n >= 0.01 * total}
+
+
+def blocking_copy_correlations(profile: Profile) -> set[int]:
+    """Launches of device-to-host copies into pageable memory: the host call returns only
+    when the copy (and everything queued before it) is done, as under ``.item()``/``.cpu()``."""
+    return {g.correlation for g in profile.gpu
+            if g.kind != KERNEL and g.correlation is not None and "DtoH" in g.name
+            and "Pageable" in g.name}
+
+
+def is_sync_call(name: str, correlation: int | None, blocking: set[int]) -> bool:
+    return is_host_sync(name) or (correlation is not None and correlation in blocking)
+
+
+def host_timeline(profile: Profile) -> HostTimeline:
+    tids = _launch_tids(profile)
+    blocking = blocking_copy_correlations(profile)
+
+    def on_host_thread(tid: int) -> bool:
+        return not tids or tid in tids
+
+    data, sync, framework = [], [], []
+    for a in profile.annotations:
+        if a.on_gpu:
+            continue
+        iv = (a.start_us, a.start_us + a.dur_us)
+        if a.kind == DATALOADER or a.name.startswith(LOADER_MARKERS):
+            data.append(iv)
+        elif is_host_sync(a.name):
+            sync.append(iv)
+        elif a.kind not in (STEP, OPTIMIZER):
+            # TraceMe/NVTX ranges: XLA's dispatch (PjitFunction, Execute, DevicePut) and
+            # framework ranges; the user's own record_function ranges hold ops anyway.
+            framework.append(iv)
+    for op in profile.cpu_ops:
+        if on_host_thread(op.tid):
+            iv = (op.start_us, op.start_us + op.dur_us)
+            (sync if is_host_sync(op.name) else framework).append(iv)
+    for r in profile.runtime:
+        if on_host_thread(r.tid):
+            iv = (r.start_us, r.start_us + r.dur_us)
+            (sync if is_sync_call(r.name, r.correlation, blocking) else framework).append(iv)
+    return HostTimeline(Coverage(data), Coverage(sync), Coverage(framework))
+
+
+def _clip(cov: Coverage, a: float, b: float) -> Intervals:
+    return [(max(s, a), min(e, b)) for s, e in cov.iv_between(a, b)]
+
+
+def gpu_intervals(profile: Profile, is_comm: Any) -> tuple[Coverage, Coverage, Coverage]:
+    """(compute, copies/memsets, collectives) busy time over all devices and streams."""
+    compute, copy, comm = [], [], []
+    for g in profile.gpu:
+        iv = (g.start_us, g.start_us + g.dur_us)
+        if g.kind != KERNEL:
+            copy.append(iv)
+        elif is_comm(g.name):
+            comm.append(iv)
+        else:
+            compute.append(iv)
+    return Coverage(compute), Coverage(copy), Coverage(comm)
+
+
+def iteration_shares(start: float, end: float, gpu: tuple[Coverage, Coverage, Coverage],
+                     host: HostTimeline) -> dict[str, float]:
+    """Microseconds of [start, end) charged to each class; they sum to ``end - start``."""
+    out = dict.fromkeys(CLASSES, 0.0)
+    compute = _clip(gpu[0], start, end)
+    copies = subtract(_clip(gpu[1], start, end), compute)
+    comm = subtract(subtract(_clip(gpu[2], start, end), compute), copies)
+    out["gpu"], out["copy"], out["communication"] = length(compute), length(copies), length(comm)
+    busy = merge(compute + copies + comm)
+    for gs, ge in subtract([(start, end)], busy):
+        _charge_gap(gs, ge, host, out)
+    return out
+
+
+def _charge_gap(gs: float, ge: float, host: HostTimeline, out: dict[str, float]) -> None:
+    gap = [(gs, ge)]
+    data = _clip(host.data, gs, ge)
+    sync = subtract(_clip(host.sync, gs, ge), data)
+    framework = subtract(subtract(_clip(host.framework, gs, ge), data), sync)
+    glue, outside = [], []
+    for s, e in subtract(subtract(subtract(gap, data), sync), framework):
+        (glue if e - s < GLUE_MAX_US else outside).append((s, e))
+    dispatch = length(framework) + length(glue)
+    out["data_wait"] += length(data)
+    out["host"] += length(outside)
+    if host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
+        # The GPU ran dry while the host was blocked: re-filling its queue is the sync's cost.
+        out["sync"] += length(sync) + dispatch
+    else:
+        out["sync"] += length(sync)
+        out["dispatch"] += dispatch
+
+
+def _corrected(mean: dict[str, float], profiled_ms: float,
+               unprofiled_ms: float | None) -> dict[str, float] | None:
+    """Shares rescaled to the un-profiled iteration time: the profiler inflates host time
+    (per-op bookkeeping), not GPU time, so GPU classes keep their time and the host classes
+    share what is left, in their profiled proportions."""
+    if not unprofiled_ms or profiled_ms <= 0:
+        return None
+    device = sum(mean[c] for c in ("gpu", "copy", "communication"))
+    host_total = profiled_ms - device
+    room = max(unprofiled_ms - device, 0.0)
+    scale = room / host_total if host_total > 0 else 0.0
+    out = {c: (mean[c] if c in ("gpu", "copy", "communication") else mean[c] * scale)
+           for c in CLASSES}
+    total = sum(out.values())
+    if total > unprofiled_ms > 0:  # the GPU alone is longer than the un-profiled period
+        out = {c: v * unprofiled_ms / total for c, v in out.items()}
+    return out
+
+
+def _verdict(pct: dict[str, float], framework: str | None) -> tuple[str, str]:
+    fw = {"pytorch": "PyTorch", "jax": "JAX", "tensorflow": "TensorFlow",
+          "keras": "Keras"}.get(framework or "", "framework")
+    top = max(CLASSES, key=lambda c: pct[c])
+    share = round(pct[top])
+    texts = {
+        "gpu": f"GPU-bound: kernels run back to back {share}% of each iteration",
+        "copy": f"copy-bound: {share}% of each iteration the GPU only copies data "
+                "(host<->device transfers on the critical path)",
+        "communication": f"communication-bound: {share}% of each iteration the GPU only runs "
+                         "collectives (not overlapped with compute)",
+        "dispatch": f"dispatch-bound: {share}% of each iteration the GPU waits while the host "
+                    f"runs {fw} ops and launches kernels one by one",
+        "host": f"host-bound: {share}% of each iteration the GPU waits for Python work outside "
+                f"{fw} ops (data preparation, numpy, tokenisation, ...)",
+        "data_wait": f"input-bound: {share}% of each iteration the GPU waits for the data "
+                     "loader",
+        "sync": f"sync-bound: {share}% of each iteration the GPU waits because the host "
+                "blocked on a synchronization (.item(), .cpu(), synchronize) and then re-filled "
+                "its queue",
+    }
+    if pct[top] < VERDICT_MIN_PCT:
+        ranked = sorted(CLASSES, key=lambda c: -pct[c])[:2]
+        return "mixed", (f"mixed: {_label(ranked[0])} {round(pct[ranked[0]])}% and "
+                         f"{_label(ranked[1])} {round(pct[ranked[1]])}% of each iteration")
+    return top, texts[top]
+
+
+def _label(cls: str) -> str:
+    return {"gpu": "GPU kernels", "copy": "copies", "communication": "communication",
+            "dispatch": "op dispatch", "host": "host work outside ops",
+            "data_wait": "data-loader wait", "sync": "host synchronization"}[cls]
+
+
+def bottleneck_section(per_iteration: Sequence[dict[str, float]], steps: Iterable[int | None],
+                       walls_us: Sequence[float], *, unprofiled_ms: float | None,
+                       framework: str | None) -> dict[str, Any]:
+    """The report's ``bottleneck`` section (docs/report-schema.md)."""
+    n = max(len(per_iteration), 1)
+    mean = {c: sum(it[c] for it in per_iteration) / n / 1e3 for c in CLASSES}
+    wall_ms = sum(walls_us) / n / 1e3
+    corrected = _corrected(mean, wall_ms, unprofiled_ms)
+    basis = corrected or mean
+    basis_total = sum(basis.values()) or 1.0
+    pct = {c: 100.0 * basis[c] / basis_total for c in CLASSES}
+    bound, verdict = _verdict(pct, framework)
+    if corrected is not None:
+        verdict += f" (corrected to the un-profiled {unprofiled_ms:.1f} ms iteration)"
+    return {
+        "bound": bound,
+        "verdict": verdict,
+        "basis": "unprofiled" if corrected is not None else "profiled",
+        "mean_ms": {c: round(v, 4) for c, v in mean.items()},
+        "mean_pct": {c: round(100.0 * mean[c] / wall_ms, 2) if wall_ms > 0 else 0.0
+                     for c in CLASSES},
+        "corrected_ms": ({c: round(v, 4) for c, v in corrected.items()}
+                         if corrected is not None else None),
+        "corrected_pct": ({c: round(v, 2) for c, v in pct.items()}
+                          if corrected is not None else None),
+        "items": [{"step": s, **{c: round(it[c] / 1e3, 4) for c in CLASSES}}
+                  for s, it in zip(steps, per_iteration, strict=True)],
+        "glue_max_us": GLUE_MAX_US,
+    }
+
+
+__all__ = ["CLASSES", "HostTimeline", "bottleneck_section", "gpu_intervals", "host_timeline",
+           "is_host_sync", "iteration_shares"]
