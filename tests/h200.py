@@ -31,3 +31,25 @@ def report(case: str, with_env: bool = True) -> dict:
 
 def rec_ids(rep: dict) -> list[str]:
     return [r["id"] for r in rep["recommendations"]]
+
+
+LOOPS = DATA.parent / "h200_loops"  # real loops recorded through our hooks (README.md there)
+
+
+def loop_env(case: str) -> dict:
+    """What the hook knew: its system/flags, and the un-profiled iteration time measured beside
+    the window (``unprofiled``), as the hook passes it to build_report."""
+    meta = json.loads((LOOPS / f"{case}.env.json").read_text())
+    env = dict(meta.get("hook_system") or {})
+    if meta.get("unprofiled"):
+        env["unprofiled"] = meta["unprofiled"]
+    return env
+
+
+@functools.cache
+def loop_report(case: str, corrected: bool = True) -> dict:
+    path = next(LOOPS.glob(f"{case}.*[bz]"))  # .json.gz or .xplane.pb
+    env = loop_env(case)
+    if not corrected:
+        env.pop("unprofiled", None)
+    return build_report(load_profile(path), env=env)

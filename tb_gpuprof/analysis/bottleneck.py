@@ -244,6 +244,9 @@ def bottleneck_section(per_iteration: Sequence[dict[str, float]], steps: Iterabl
         "items": [{"step": s, **{c: round(it[c] / 1e3, 4) for c in CLASSES}}
                   for s, it in zip(steps, per_iteration, strict=True)],
         "glue_max_us": GLUE_MAX_US,
+        "note": None if corrected is not None else (
+            "no un-profiled iteration time (an imported trace, or a hook run too short to "
+            "measure one): host-side shares include the profiler's own per-op overhead"),
     }
 
 

@@ -43,6 +43,21 @@ def _short(name: str, width: int) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
+_SHARE_LABELS = {"gpu": "GPU kernels", "copy": "copies", "communication": "communication",
+                 "dispatch": "op dispatch", "host": "host outside ops",
+                 "data_wait": "data loader", "sync": "sync"}
+
+
+def _shares(bn: dict[str, Any]) -> str:
+    """"GPU kernels 46.5%, op dispatch 51.2%, ..." on the basis the verdict used."""
+    pct = bn.get("corrected_pct") or bn["mean_pct"]
+    ms = bn.get("corrected_ms") or bn["mean_ms"]
+    parts = [f"{_SHARE_LABELS.get(c, c)} {pct[c]:.1f}% ({ms[c]:.2f} ms)"
+             for c in sorted(pct, key=lambda c: -pct[c]) if pct[c] >= 0.5]
+    return ", ".join(parts) + (" of the un-profiled iteration" if bn.get("corrected_pct")
+                               else " of the iteration")
+
+
 def _text(report: dict[str, Any], top: int) -> str:
     it = report["iterations"]
     tc = report["tensor_cores"]
@@ -51,6 +66,10 @@ def _text(report: dict[str, Any], top: int) -> str:
     lines: list[str] = []
     add = lines.append
     add("tb-gpuprof report")
+    bn = report.get("bottleneck")
+    if bn:
+        add(f"  verdict:           {bn['verdict']}")
+        add("  bound by:          " + _shares(bn))
     add(f"  source:            {report['source']['path']} ({report['source']['format']})")
     if sysinfo.get("gpu_name"):
         cc = sysinfo.get("compute_capability")
@@ -62,6 +81,9 @@ def _text(report: dict[str, Any], top: int) -> str:
         + (f", range {rng[0]}-{rng[1]}" if rng else ""))
     add(f"  iteration time:    mean {_ms(it['mean_ms'])}, median {_ms(it['median_ms'])}, "
         f"min {_ms(it['min_ms'])}, max {_ms(it['max_ms'])}, p95 {_ms(it['p95_ms'])}")
+    if it.get("unprofiled_median_ms"):
+        add(f"  un-profiled:       median {_ms(it['unprofiled_median_ms'])} outside the window "
+            f"(profiler overhead x{it['profiler_overhead_ratio']:.2f})")
     wall = bd["wall_us"] or 1.0
     add(f"  GPU busy:          {_ms(it['gpu_busy_mean_ms'])} per iteration "
         f"({100 * bd['gpu_busy_us'] / wall:.1f}% of wall time)")
