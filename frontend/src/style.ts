@@ -64,6 +64,13 @@ body.gp-dark-body { background: #303030; }
   background: transparent; white-space: pre-wrap; }
 .gp .empty { color: var(--muted); padding: 24px; text-align: center; border: 1px dashed var(--border); border-radius: 6px; }
 .gp .warn { color: var(--medium); }
+.gp .verdict { border: 1px solid var(--border); border-left: 4px solid var(--accent); border-radius: 0 6px 6px 0;
+  padding: 10px 14px; margin-bottom: 12px; background: var(--panel); }
+.gp .verdict-text { font-size: 18px; font-weight: 500; margin-bottom: 8px; }
+.gp .share-bar { display: flex; height: 14px; border-radius: 3px; overflow: hidden; background: var(--border); }
+.gp .share-bar span { display: block; height: 100%; }
+.gp .share-legend { display: flex; flex-wrap: wrap; gap: 12px; margin: 6px 0 2px; font-size: 12px; }
+.gp .verdict-fix { margin-top: 6px; }
 .gp .rec { border-left: 3px solid var(--accent); padding: 8px 12px; margin-bottom: 12px; background: var(--panel); border-radius: 0 6px 6px 0; }
 .gp .rec.high { border-left-color: var(--high); } .gp .rec.low { border-left-color: var(--low); }
 .gp .rec .head { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }

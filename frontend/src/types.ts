@@ -63,8 +63,12 @@ export interface Report {
     max_ms?: Num;
     p95_ms?: Num;
     gpu_busy_mean_ms?: Num;
+    unprofiled_median_ms?: Num;
+    unprofiled_source?: string | null;
+    profiler_overhead_ratio?: Num;
     items?: IterationItem[];
   } | null;
+  bottleneck?: Bottleneck | null;
   gpu_time_us?: Num;
   kernels?: Kernel[];
   kernels_total?: Num;
@@ -76,6 +80,20 @@ export interface Report {
   telemetry?: Record<string, unknown> | null;
   recommendations?: Recommendation[];
   warnings?: string[];
+}
+
+export interface Bottleneck {
+  bound: string;
+  verdict: string;
+  basis: "unprofiled" | "profiled";
+  mean_ms: Record<string, number>;
+  mean_pct: Record<string, number>;
+  corrected_ms: Record<string, number> | null;
+  corrected_pct: Record<string, number> | null;
+  items: ({ step: number | null } & Record<string, number | null>)[];
+  sync_sites?: { op: string; source: string | null; count_per_iteration: number; blocked_ms_per_iteration: number }[];
+  glue_max_us?: number;
+  note?: string | null;
 }
 
 export interface RunInfo {

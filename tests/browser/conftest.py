@@ -33,7 +33,8 @@ RUN_HOSTILE = "hostile"
 RUN_UNREADABLE = "unreadable"
 RUN_MANY = "many_kernels"
 RUN_OUTLIER = "warmup_outlier"
-RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE, RUN_OUTLIER)
+RUN_LOOP = "gpt2_eager"  # a launch-bound loop recorded through the hook (tests/data/h200_loops)
+RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE, RUN_OUTLIER, RUN_LOOP)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -104,6 +105,8 @@ def browser_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trace = write_kineto_trace(synth / "many.json", many_kernels(180), steps=2)
     run_cli("import", str(trace), "--logdir", str(logdir), "--run", RUN_MANY)
     write_warmup_outlier_run(logdir / RUN_OUTLIER)
+    run_cli("import", str(REPO / "tests" / "data" / "h200_loops" / "gpt2_eager.json.gz"),
+            "--logdir", str(logdir), "--run", RUN_LOOP)
     record_fake_telemetry(logdir / RUN_KINETO)
     write_unreadable_run(logdir / RUN_UNREADABLE)
     return logdir

@@ -8,6 +8,7 @@ import pytest
 from .conftest import (
     RUN_HOSTILE,
     RUN_KINETO,
+    RUN_LOOP,
     RUN_OUTLIER,
     RUN_UNREADABLE,
     RUN_XPLANE,
@@ -153,3 +154,27 @@ def test_iteration_chart_caps_warm_up_outliers(page, server) -> None:
     select_run(page, RUN_KINETO)
     page.wait_for_selector("[data-testid=iter-chart] canvas")
     assert page.locator("[data-testid=iter-clipped]").count() == 0
+
+
+def test_verdict_and_top_fix_come_first(page, server) -> None:
+    report = server.route("report", run=RUN_LOOP)
+    bn = report["bottleneck"]
+    assert bn["bound"] == "dispatch"  # the imported launch-bound GPT-2 window
+    select_run(page, RUN_LOOP)
+    verdict = page.locator("[data-testid=verdict]")
+    eventually(lambda: verdict.locator("[data-testid=verdict-text]").text_content(),
+               bn["verdict"], what="verdict")
+    assert verdict.get_attribute("data-bound") == "dispatch"
+    top = report["recommendations"][0]
+    assert top["title"] in verdict.locator("[data-testid=verdict-fix]").text_content()
+    # one bar segment per class that holds at least half a percent, widths as the shares
+    pct = bn["mean_pct"]  # imported: no un-profiled time to correct with
+    shown = {s.get_attribute("data-share") for s in
+             verdict.locator("[data-testid=share-bar] span").all()}
+    assert shown == {k for k, v in pct.items() if v >= 0.5}
+    assert bn["note"] in verdict.text_content()
+    # first on the page: above the summary cards, inside the first screen (900 px here)
+    box = verdict.bounding_box()
+    cards = page.locator("[data-testid=summary-cards]").bounding_box()
+    assert box["y"] < cards["y"] and box["y"] + box["height"] < 900
+    screenshot(page, "dashboard-verdict")

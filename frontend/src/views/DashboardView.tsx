@@ -6,7 +6,7 @@ import { COLORS, Chart } from "../charts";
 import { Card, Empty, ErrorBox, KeyValues, Loading, Panel, useAsync } from "../components";
 import { DASH, fmtMs, fmtNum, fmtPct, fmtUs, fmtValue, humanize } from "../format";
 import { KernelTable, TOP_COLUMNS } from "../kernelTable";
-import type { Num, Recommendation, Report, RunInfo } from "../types";
+import type { Bottleneck, Num, Recommendation, Report, RunInfo } from "../types";
 
 export const ITER_TAG = "gpuprof/iteration_time_ms";
 
@@ -30,6 +30,51 @@ export function gpuUtilization(report: Report): { value: number | null; how: str
   const wall = num(b.wall_us);
   if (busy !== null && wall) return { value: (100 * busy) / wall, how: "GPU busy / wall time" };
   return { value: null, how: "not recorded" };
+}
+
+// The bottleneck classes in display order, with the words the verdict uses.
+export const BOUND_PARTS: [string, string, string][] = [
+  ["gpu", "GPU kernels", COLORS.tc],
+  ["copy", "Copies", COLORS.memory],
+  ["communication", "Communication", COLORS.communication],
+  ["dispatch", "Op dispatch", COLORS.nonTc],
+  ["host", "Host work outside ops", COLORS.layout],
+  ["data_wait", "Data loader", COLORS.eligibleNotTc],
+  ["sync", "Synchronization", COLORS.idle],
+];
+
+/** What bounds the iteration, first: the verdict, the shares as one bar, the top fix. */
+function Verdict({ bn, top, report }: { bn: Bottleneck; top: Recommendation | undefined; report: Report }) {
+  const pct = bn.corrected_pct ?? bn.mean_pct;
+  const ms = bn.corrected_ms ?? bn.mean_ms;
+  const parts = BOUND_PARTS.filter(([k]) => (pct[k] ?? 0) >= 0.5);
+  const it = report.iterations ?? {};
+  return (
+    <div class="verdict" data-testid="verdict" data-bound={bn.bound}>
+      <div class="verdict-text" data-testid="verdict-text">{bn.verdict}</div>
+      <div class="share-bar" data-testid="share-bar" role="img" aria-label="share of each iteration by bottleneck">
+        {parts.map(([k, label, color]) => (
+          <span key={k} data-share={k} title={`${label}: ${fmtPct(pct[k])} (${fmtMs(ms[k])})`} style={{ width: `${pct[k]}%`, background: color }} />
+        ))}
+      </div>
+      <div class="share-legend">
+        {parts.map(([k, label, color]) => (
+          <span key={k}><span class="legend-dot" style={{ background: color }} />{label} {fmtPct(pct[k])}</span>
+        ))}
+      </div>
+      <div class="muted">
+        {bn.basis === "unprofiled" && it.unprofiled_median_ms != null
+          ? `on the un-profiled ${fmtMs(it.unprofiled_median_ms)} iteration (the profiler slowed the window ${fmtNum(it.profiler_overhead_ratio, 2)}x)`
+          : bn.note ?? ""}
+      </div>
+      {top ? (
+        <div class="verdict-fix" data-testid="verdict-fix">
+          Top fix: <strong>{top.title}</strong>
+          {top.estimated_saving_ms != null ? ` — saves ~${fmtMs(top.estimated_saving_ms)}${top.estimated_saving_pct != null ? ` (${fmtPct(top.estimated_saving_pct, 0)})` : ""} per iteration` : ""}
+        </div>
+      ) : <div class="verdict-fix" data-testid="verdict-fix">No rule found a fix worth making in this window.</div>}
+    </div>
+  );
 }
 
 function SummaryCards({ report }: { report: Report }) {
@@ -229,6 +274,7 @@ export function DashboardView({ run, step, report, dark }: Props) {
   const framework = String(report.system?.framework ?? "pytorch").toLowerCase();
   return (
     <div data-testid="view-dashboard">
+      {report.bottleneck ? <Verdict bn={report.bottleneck} top={recs[0]} report={report} /> : null}
       {(report.warnings ?? []).map((w) => <div class="warn" key={w}>⚠ {w}</div>)}
       <SummaryCards report={report} />
       <Panel title="Iteration time" testId="panel-iterations">
