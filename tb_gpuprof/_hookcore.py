@@ -219,21 +219,28 @@ class HookCore:
             inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
         return self._sampler.window_summary(inside)
 
-    def _unprofiled(self, skip: Callable[[int], bool], enough_after: Callable[[], bool]
-                    ) -> dict[str, Any] | None:
+    def _unprofiled(self, skip: Callable[[int], bool], window_start: int,
+                    enough_after: Callable[[], bool]) -> dict[str, Any] | None:
         """``env["unprofiled"]``: the median true period of the iterations outside the window
-        (``skip`` says which steps do not count: iteration 0, warm-up, window). Fewer than
-        UNPROFILED_MIN before the window: wait (bounded) for iterations after it."""
+        (``skip`` says which steps do not count: iteration 0, warm-up, window, teardown).
+
+        The iterations before the window are used when there are UNPROFILED_MIN of them;
+        otherwise the ones after it are added, waiting for them at most UNPROFILED_WAIT_S
+        (or until ``enough_after()``: the loop ended)."""
         deadline = time.monotonic() + UNPROFILED_WAIT_S
         while True:
-            used = [(ms, gpu) for step, ms, gpu in list(self._periods) if not skip(step)]
+            used = [(step, ms, gpu) for step, ms, gpu in list(self._periods) if not skip(step)]
+            before = [u for u in used if u[0] < window_start]
+            if len(before) >= UNPROFILED_MIN:
+                used = before
+                break
             if len(used) >= UNPROFILED_MIN or time.monotonic() >= deadline or enough_after():
                 break
             time.sleep(0.05)
         if not used:
             return None
-        from_gpu = sum(1 for _, gpu in used if gpu)
-        return {"median_ms": round(statistics.median(ms for ms, _ in used), 4),
+        from_gpu = sum(1 for _, _, gpu in used if gpu)
+        return {"median_ms": round(statistics.median(ms for _, ms, _ in used), 4),
                 "count": len(used),
                 "source": "gpu_events" if from_gpu * 2 > len(used) else "wall_time"}
 

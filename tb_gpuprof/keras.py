@@ -364,7 +364,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             def skip(g0: int) -> bool:  # start-up, warm-up, window, the execution after it
                 return g0 == 0 or g0 == warm or first <= g0 <= step + 1
 
-            env["unprofiled"] = self._unprofiled(skip, lambda: self._train_ended)
+            env["unprofiled"] = self._unprofiled(skip, first if warm is None else warm,
+                                                 lambda: self._train_ended)
             self._analyze_in_child(
                 raw, env, win.t0, win.t1, step, gpu_expected=self.gpu,
                 no_gpu_warning="tb_gpuprof: the window's profile holds no GPU activity: CUPTI "

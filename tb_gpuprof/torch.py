@@ -513,7 +513,8 @@ class GpuProfiler(HookCore):
             raw = os.path.join(tmp, name)
             prof.export_chrome_trace(raw)
             del prof  # the profiler's events are in the file now; free them
-            env["unprofiled"] = self._unprofiled(self._not_unprofiled, lambda: self._closed)
+            env["unprofiled"] = self._unprofiled(self._not_unprofiled, self._window_opens_at(),
+                                                 lambda: self._closed)
             self._analyze_in_child(
                 raw, env, *window, step, gpu_expected=self.cuda,
                 no_gpu_warning="tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
