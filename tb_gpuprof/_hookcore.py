@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import collections
 import gzip
+import json
 import os
 import shutil
+import statistics
+import subprocess
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
+
+# The window's analysis child gets this long before it is killed (a huge trace takes minutes).
+CHILD_TIMEOUT_S = 3600.0
+# Un-profiled iteration periods the report is corrected with: at least this many, and when the
+# window starts too early for that, wait at most this long for iterations after it.
+UNPROFILED_MIN = 3
+UNPROFILED_WAIT_S = 10.0
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class GpuProfWarning(UserWarning):
@@ -77,7 +89,11 @@ class HookCore:
         self._flusher: threading.Thread | None = None
         self._stop_flusher = threading.Event()
         self.iteration = 0
+        self.rank: int | None = None  # decided by the framework adapter; None: no distributed job
         self._wall_ms: list[float] = []
+        # (step, true iteration period in ms, whether it came from the GPU step-to-step events)
+        self._periods: collections.deque[tuple[int, float, bool]] = \
+            collections.deque(maxlen=100_000)
         self._analysis: threading.Thread | None = None
         self.env: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None  # the window's report, once analyzed
@@ -118,7 +134,7 @@ class HookCore:
     def _open_writer(self) -> None:
         from .store.writer import EventWriter
 
-        self._writer = EventWriter(self.run_dir)
+        self._writer = EventWriter(self.run_dir, rank=self.rank)
 
     def _start_nvml(self, devices: list[int] | None = None) -> None:
         from .nvml.sampler import NvmlSampler
@@ -203,24 +219,50 @@ class HookCore:
             inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
         return self._sampler.window_summary(inside)
 
-    def _window_report(self, path: str, env: dict[str, Any], t0: float, t1: float, *,
-                       gpu_expected: bool, no_gpu_warning: str) -> dict[str, Any]:
-        """Read the window's profile at ``path`` and build its report with NVML telemetry."""
-        from .analysis.report import build_report
-        from .readers import load_profile
+    def _unprofiled(self, skip: Callable[[int], bool], window_start: int,
+                    enough_after: Callable[[], bool]) -> dict[str, Any] | None:
+        """``env["unprofiled"]``: the median true period of the iterations outside the window
+        (``skip`` says which steps do not count: iteration 0, warm-up, window, teardown).
 
-        profile = load_profile(path)
-        if gpu_expected and not profile.gpu:
-            warnings.warn(no_gpu_warning, GpuProfWarning, stacklevel=1)
+        The iterations before the window are used when there are UNPROFILED_MIN of them;
+        otherwise the ones after it are added, waiting for them at most UNPROFILED_WAIT_S
+        (or until ``enough_after()``: the loop ended)."""
+        deadline = time.monotonic() + UNPROFILED_WAIT_S
+        while True:
+            used = [(step, ms, gpu) for step, ms, gpu in list(self._periods) if not skip(step)]
+            before = [u for u in used if u[0] < window_start]
+            if len(before) >= UNPROFILED_MIN:
+                used = before
+                break
+            if len(used) >= UNPROFILED_MIN or time.monotonic() >= deadline or enough_after():
+                break
+            time.sleep(0.05)
+        if not used:
+            return None
+        from_gpu = sum(1 for _, _, gpu in used if gpu)
+        return {"median_ms": round(statistics.median(ms for _, ms, _ in used), 4),
+                "count": len(used),
+                "source": "gpu_events" if from_gpu * 2 > len(used) else "wall_time"}
+
+    def _analyze_in_child(self, raw: str, env: dict[str, Any], t0: float, t1: float,
+                          step: int, *, gpu_expected: bool, no_gpu_warning: str,
+                          stored_name: str, gzip_raw: bool) -> None:
+        """Analysis thread: NVML telemetry here, then the child process stores the raw
+        profile and builds the report (off this process's GIL); the report comes back and is
+        written into this process's events file."""
         telemetry = self._guard("nvml", self._window_telemetry, t0, t1, when="nvml")
-        return build_report(profile, key=self.key, env=env, telemetry=telemetry)
-
-    def _save_raw_trace(self, path: str, step: int) -> str:
-        """Keep the window's raw profile in the run (under the run's name for it)."""
-        from .store.writer import save_raw_trace
-
-        self.trace_path = save_raw_trace(self.run_dir, path, step)
-        return self.trace_path
+        job = {"trace": raw, "key": self.key, "env": env, "telemetry": telemetry,
+               "gpu_expected": gpu_expected, "no_gpu_warning": no_gpu_warning,
+               "store": None if self._writer is None else
+               {"run_dir": self.run_dir, "step": step, "rank": self.rank, "name": stored_name,
+                "gzip": gzip_raw}}
+        result = run_window_child(job)
+        self.trace_path = result.get("trace_path")
+        for message in result.get("warnings") or []:
+            warnings.warn(message, GpuProfWarning, stacklevel=1)
+        if result.get("error"):
+            raise RuntimeError(result["error"])
+        self._store_report(result["report"], step)
 
     def _store_report(self, report: dict[str, Any], step: int) -> None:
         """Write the report at ``step``; its source is the stored raw profile (the temporary
@@ -232,12 +274,13 @@ class HookCore:
 
     # -- run summary -------------------------------------------------------------------------
 
-    def _write_run_summary(self, walls_ms: list[float], report_step: int | None,
+    def _write_run_summary(self, periods_ms: list[float], report_step: int | None,
                            details: dict[str, Any]) -> None:
-        """``gpuprof/run_summary``: what the run was; ``details`` are the hook's own fields."""
+        """``gpuprof/run_summary``: what the run was; ``details`` are the hook's own fields.
+        ``periods_ms``: the true iteration periods (``gpuprof/iteration_time_ms``)."""
         if self._writer is None:
             return
-        walls = sorted(walls_ms)
+        walls = sorted(periods_ms)
         summary: dict[str, Any] = {
             "iterations": self.iteration,
             "iteration_time_ms_median": walls[len(walls) // 2] if walls else None,
@@ -248,3 +291,35 @@ class HookCore:
             "warnings": sorted(self._warned),
         }
         self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
+
+
+def run_window_child(job: dict[str, Any]) -> dict[str, Any]:
+    """Run ``job`` in ``python -m tb_gpuprof._window_child``; its result (or an ``error``).
+
+    The child finds this very package (``PYTHONPATH`` is set for the child only) and sees
+    the same environment otherwise; nothing of this process is changed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH"))
+                                        if p)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "tb_gpuprof._window_child"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, close_fds=True)
+    except OSError as e:
+        return {"error": f"cannot start the analysis process: {e}"}
+    try:
+        out, err = proc.communicate(json.dumps(job, default=str).encode(),
+                                    timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"error": f"the analysis process took over {CHILD_TIMEOUT_S:.0f} s"}
+    try:
+        result = json.loads(out) if out else None
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        lines = err.decode(errors="replace").strip().splitlines()
+        return {"error": f"the analysis process exited with status {proc.returncode}: "
+                         f"{lines[-1] if lines else 'no output'}"}
+    return result

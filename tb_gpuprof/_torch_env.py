@@ -7,9 +7,10 @@ Every probe is independent and best-effort: a probe that fails leaves its field 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 
@@ -154,3 +155,76 @@ def record_env(torch: Any, *, model: Any = None, convs: Iterable[Any] | None = N
     }
     env["distributed"] = distributed_info(torch)
     return env
+
+
+# -- CUPTI teardown after the window --------------------------------------------------------
+
+# Kineto finalizes CUPTI when a trace ends only when this variable is "1" (pytorch#144455);
+# otherwise CUPTI stays subscribed and every CUDA launch stays slower for the rest of the run.
+TEARDOWN_ENV = "TEARDOWN_CUPTI"
+CUDA_GRAPHS_COST = ("CUPTI stays attached after the window, so every CUDA launch stays slower "
+                    "for the rest of the run (on an H200, an eager launch-bound loop ran "
+                    "20-30% slower; a GPU-bound loop barely notices)")
+
+
+def uses_cuda_graphs(torch: Any) -> bool:
+    """Whether this process captures CUDA graphs (torch.compile's cudagraphs, CUDAGraph):
+    Kineto's CUPTI teardown crashes the next re-init there (torch's own FIXME)."""
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None and bool(getattr(getattr(config, "triton", None), "cudagraphs", 0)):
+        return True
+    if "torch._inductor.cudagraph_trees" in sys.modules:
+        trees = sys.modules["torch._inductor.cudagraph_trees"]
+        if getattr(getattr(trees, "local", None), "tree_manager_containers", None):
+            return True
+    # a captured graph owns a private memory pool: its segments carry a non-zero pool id
+    try:
+        segments = torch.cuda.memory._snapshot().get("segments", [])
+    except Exception:
+        return False
+    return any(tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0) for seg in segments)
+
+
+def cupti_teardown_plan(torch: Any) -> tuple[bool, str | None]:
+    """(whether the hook sets TEARDOWN_CUPTI=1 around its profiler's start and stop, the
+    warning to give once when CUPTI will not be torn down)."""
+    value = os.environ.get(TEARDOWN_ENV)
+    if value == "1":
+        return False, None  # Kineto tears down anyway
+    if value is not None:
+        return False, (f"{TEARDOWN_ENV}={value} is set in the environment (by you, or by torch "
+                       f"for CUDA graphs): {CUDA_GRAPHS_COST}")
+    if uses_cuda_graphs(torch):
+        return False, ("this process uses CUDA graphs, with which Kineto cannot tear CUPTI "
+                       f"down safely: {CUDA_GRAPHS_COST}")
+    return True, None
+
+
+@contextlib.contextmanager
+def cupti_teardown_env(on: bool) -> Iterator[None]:
+    """``TEARDOWN_CUPTI=1`` for the duration of one profiler start or stop call, then the
+    environment as it was.
+
+    Why this is safe: Kineto reads the variable with getenv() at exactly two points of a
+    synchronous torch.profiler call: when the trace is prepared (whether to re-create the
+    CUPTI subscriber a previous teardown removed) and when it ends (``teardownContext``,
+    which hands the ``cuptiFinalize`` to a Kineto thread that runs it from the next CUDA
+    call). Both happen inside the call this wraps, on the training thread that also sets
+    and restores the variable, so no other reader sees the change for longer than the call.
+    The one later read, Kineto's thread deciding after finalizing whether to re-create the
+    callback subscriber now or at the next trace, then sees the variable unset and does it
+    now: the path torch itself takes with DISABLE_CUPTI_LAZY_REINIT=1; activity tracing,
+    which is what slows launches, stays finalized either way.
+    """
+    if not on:
+        yield
+        return
+    prior = os.environ.get(TEARDOWN_ENV)
+    os.environ[TEARDOWN_ENV] = "1"
+    try:
+        yield
+    finally:
+        if prior is None:
+            os.environ.pop(TEARDOWN_ENV, None)
+        else:
+            os.environ[TEARDOWN_ENV] = prior

@@ -337,11 +337,13 @@ class _TensorBoard:
 
     def __init__(self, logdir: str, port: int) -> None:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+        # Its own process group: stop() then reaches TensorBoard and the data server it
+        # starts, and a Ctrl-C in the terminal reaches only the demo, which stops them.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--port", str(port),
              "--host", "localhost"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-            env=env)
+            env=env, start_new_session=True)
         self.port = port
         self.url: str | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
@@ -376,17 +378,50 @@ class _TensorBoard:
         return self.url
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        """SIGTERM to TensorBoard's process group (not SIGINT: a demo started from a script
+        with ``&`` has SIGINT ignored, and TensorBoard inherits that), SIGKILL if it lingers."""
+        pgid = self.proc.pid  # start_new_session: the group's id is TensorBoard's pid
+        for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 15.0)):
             try:
-                self.proc.wait(timeout=15)
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break  # the whole group is gone
+            try:
+                self.proc.wait(timeout=wait_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+                continue
+            if not _group_alive(pgid):
+                break
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=15)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM raises KeyboardInterrupt, so it stops the demo the way Ctrl-C does, also where
+    SIGINT is ignored (a script's ``&``: that stays as it is); the handler is put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def serve(logdir: str, port: int) -> int:
@@ -394,9 +429,6 @@ def serve(logdir: str, port: int) -> int:
     if importlib.util.find_spec("tensorboard") is None:
         raise GpuProfError("tensorboard is not installed (pip install tensorboard)")
     tb = _TensorBoard(logdir, port)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         url = tb.wait_ready(TENSORBOARD_START_TIMEOUT_S)
         print(f"TensorBoard is serving {logdir}: open {url}/#gpuprof  (Ctrl-C to stop)",
@@ -410,13 +442,18 @@ def serve(logdir: str, port: int) -> int:
     finally:
         with contextlib.suppress(KeyboardInterrupt):
             tb.stop()
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def run_demo(logdir: str, port: int = 6006, start_tensorboard: bool = True,
              live: bool = True) -> int:
-    """`tb-gpuprof demo`: sample runs + a live run into ``logdir``, then TensorBoard."""
+    """`tb-gpuprof demo`: sample runs + a live run into ``logdir``, then TensorBoard.
+    SIGTERM stops it at any point as Ctrl-C does (the CLI exits 130 during the live run, 0
+    once TensorBoard serves)."""
+    with _sigterm_as_interrupt():
+        return _run_demo(logdir, port, start_tensorboard, live)
+
+
+def _run_demo(logdir: str, port: int, start_tensorboard: bool, live: bool) -> int:
     if start_tensorboard and not 0 < port < 65536:
         raise GpuProfError(f"--port must be between 1 and 65535, got {port}")
     _prepare_logdir(logdir)

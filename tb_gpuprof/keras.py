@@ -33,7 +33,7 @@ from typing import Any
 import keras
 
 from . import _keras_env
-from ._hookcore import GpuProfWarning, HookCore, gzip_copy
+from ._hookcore import GpuProfWarning, HookCore
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
 DRAIN_TIMEOUT_S = 120.0  # longest wait for an in-flight step at the window's edges
@@ -104,6 +104,9 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._train_tid = 0
         self.batch_end_async: bool | None = None  # what Keras did, once seen
         self._window: _Window | None = None
+        self._warm: _Window | None = None  # torch backend: profiler warming up CUPTI
+        self._warm_step: int | None = None  # the execution that warmed it up
+        self._train_ended = False
         self._window_done = False
         self._window_mem: list[float] = []
         self.report_step: int | None = None  # the step the report is stored at
@@ -119,6 +122,7 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
 
     def on_train_begin(self, logs: Any = None) -> None:
         try:
+            self._train_ended = False
             self._train_tid = threading.get_ident()
             self._boundary = True
             self._last = None
@@ -142,6 +146,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self.backend = _keras_env.keras_backend(keras)
         self._fw = fw = _keras_env.framework_module(self.backend)
         self.gpu = _keras_env.gpu_present(self.backend, fw)
+        dist = _keras_env.distributed_info()
+        self.rank = dist["rank"] if dist["world_size"] > 1 else None  # decided once, here
         w = self._want
         self._on = {"scalars": bool(w["scalars"]), "window": self.iter_start is not None,
                     "memory": self.gpu and bool(w["memory"]),
@@ -174,8 +180,10 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         if not self._set_up:
             return
         try:
+            self._train_ended = True
             if self._window is not None:
                 self._guard("window", self._stop_window)
+            self._abort_warm()
             self.wait()
             self._guard("run summary", self._write_summary)
             self.close()
@@ -211,6 +219,9 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             elif (self._on.get("window") and not self._window_done
                   and (self.iter_start or 0) <= g0 < (self.iter_stop or 0)):
                 self._guard("window", self._start_window)
+                boundary = True
+            elif self._warms_up_before(g0):
+                self._guard("window", self._warm_up, g0)
                 boundary = True
             if self._window is not None:
                 self._window.mark(g0)
@@ -251,6 +262,9 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             self._wall_ms.append(ms)
             if len(self._wall_ms) > 100_000:  # bound memory on endless runs
                 del self._wall_ms[:50_000]
+            # Keras made the logs numbers before this call: the step's results exist, so
+            # batch end to batch end is the true period (the host cannot have run ahead).
+            self._periods.append((rec.g0, ms, False))
             values = {"gpuprof/iteration_time_ms": ms}
             if self._mem_probe is not None and self._on.get("memory"):
                 try:
@@ -278,13 +292,39 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
 
     # -- the window --------------------------------------------------------------------------
 
+    def _warms_up_before(self, g0: int) -> bool:
+        """The torch backend's profiler starts one execution before the window, in warm-up:
+        CUPTI's start-up cost lands in an execution that is not recorded (as the PyTorch
+        hook does). XLA's tracer (TF, JAX) has no warm-up phase."""
+        first = self.iter_start or 0
+        return (self.backend == "torch" and self._warm is None and not self._window_done
+                and bool(self._on.get("window")) and g0 < first <= g0 + self._spe
+                and g0 + self._spe < (self.iter_stop or 0))
+
+    def _warm_up(self, g0: int) -> None:
+        win = _Window.create(self.backend or "", self._fw, self)
+        win.warm_up()
+        self._warm, self._warm_step = win, g0
+
+    def _abort_warm(self) -> None:
+        """The fit ended before the warmed-up window began: stop the profiler, no report."""
+        win, self._warm = self._warm, None
+        if win is not None:
+            try:
+                win.abort()
+            finally:
+                win.cleanup()
+
     def _start_window(self) -> None:
         self._window_done = True  # one window per callback, whatever happens next
         # Async dispatch: let the steps before the window finish, so the trace holds the
         # window's device work only.
         self._wait_done(self._last)
         self._window_mem = []
-        win = _Window.create(self.backend or "", self._fw, self)
+        win, self._warm = self._warm, None
+        if win is None:
+            win = _Window.create(self.backend or "", self._fw, self)
+        win.first_step = win.last_step = self.iteration
         win.start()
         self._window = win
 
@@ -314,25 +354,32 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._analysis.start()
 
     def _analyze(self, win: _Window, step: int, env: dict[str, Any]) -> None:
+        """Analysis thread: the profile's file (torch: exported here, it needs the profiler
+        object), then storing and analysis in a low-priority child process (HookCore)."""
         try:
             raw = win.raw_trace()
-            if self._writer is not None:
-                # stored first: the raw profile is worth keeping even if the analysis fails
-                raw = self._save_raw_trace(win.stored_copy(raw), step)
-            report = self._window_report(
-                raw, env, win.t0, win.t1, gpu_expected=self.gpu,
+            first = win.first_step
+            warm = self._warm_step
+
+            def skip(g0: int) -> bool:  # start-up, warm-up, window, the execution after it
+                return g0 == 0 or g0 == warm or first <= g0 <= step + 1
+
+            env["unprofiled"] = self._unprofiled(skip, first if warm is None else warm,
+                                                 lambda: self._train_ended)
+            self._analyze_in_child(
+                raw, env, win.t0, win.t1, step, gpu_expected=self.gpu,
                 no_gpu_warning="tb_gpuprof: the window's profile holds no GPU activity: CUPTI "
                 "is probably in use by another tool (Nsight, another profiler); the report "
-                "covers host work only")
-            self._store_report(report, step)
-            self.report_step = step
+                "covers host work only", stored_name=win.stored_name(), gzip_raw=win.gzip_raw)
+            if self.report is not None:
+                self.report_step = step
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:
             win.cleanup()
 
     def _write_summary(self) -> None:
-        self._write_run_summary(self._wall_ms, self.report_step, {
+        self._write_run_summary([ms for _, ms, _ in self._periods], self.report_step, {
             "backend": self.backend,
             "steps_per_execution": self._spe,
             "batch_end_dispatch": None if self.batch_end_async is None else
@@ -358,6 +405,15 @@ class _Window:
         if backend not in kinds:
             raise RuntimeError(f"no profiler for the Keras backend {backend!r}")
         return kinds[backend](fw, cb)
+
+    gzip_raw = False  # store the raw profile gzipped (text formats)
+
+    def warm_up(self) -> None:
+        """Start the profiler without recording (backends that have a warm-up phase)."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Stop a warmed-up profiler that never recorded."""
 
     def start(self) -> None:
         self.t0 = time.time()
@@ -388,12 +444,9 @@ class _Window:
             raise RuntimeError(f"the profiler wrote no .xplane.pb under {self.tmp}")
         return found[-1]
 
-    def stored_copy(self, raw: str) -> str:
-        """The file to keep in the run (named after the window)."""
-        name = f"window_{self.first_step}_{self.last_step + 1}.xplane.pb"
-        dest = os.path.join(self.tmp, name)
-        os.replace(raw, dest)
-        return dest
+    def stored_name(self) -> str:
+        """The name the raw profile is kept under in the run (named after the window)."""
+        return f"window_{self.first_step}_{self.last_step + 1}.xplane.pb"
 
     def cleanup(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -449,22 +502,63 @@ class _JaxWindow(_Window):
 
 
 class _TorchWindow(_Window):
-    def _start(self) -> None:
+    """torch.profiler driven by its phases: prepare (warm-up: CUPTI starts up, nothing is
+    kept), start (record), stop. Each call that starts or ends a Kineto trace runs with
+    TEARDOWN_CUPTI=1 unless CUDA graphs forbid it (see _torch_env.cupti_teardown_env)."""
+
+    gzip_raw = True
+    prof: Any = None
+    _teardown = False
+
+    def _make(self) -> None:
         torch = self.fw
         if torch._C._autograd._profiler_enabled():
             raise RuntimeError("another profiler (torch.profiler / autograd profiler) is "
                                "already running in this process; no window report")
         from torch.profiler import ProfilerActivity, profile
 
+        from . import _torch_env
+
         activities = [ProfilerActivity.CPU]
         if self.cb.gpu:
             activities.append(ProfilerActivity.CUDA)
+            on, warning = _torch_env.cupti_teardown_plan(torch)
+            self._teardown = on
+            if warning and "cupti teardown" not in self.cb._warned:
+                self.cb._warned.add("cupti teardown")
+                warnings.warn(f"tb_gpuprof: no CUPTI teardown after the window: {warning}",
+                              GpuProfWarning, stacklevel=2)
         self.prof = profile(activities=activities, record_shapes=self.cb.record_shapes,
                             with_flops=self.cb.with_flops, with_stack=self.cb.with_stack)
-        self.prof.start()
+
+    def _phase(self, fn: Any) -> None:
+        from . import _torch_env
+
+        with _torch_env.cupti_teardown_env(self._teardown):
+            fn()
+
+    def warm_up(self) -> None:
+        try:
+            self._make()
+            self._phase(self.prof.prepare_trace)
+        except Exception:
+            self.prof = None
+            self.cleanup()
+            raise
+
+    def abort(self) -> None:
+        if self.prof is not None:
+            self.prof.start_trace()
+            self._phase(self.prof.stop_trace)
+
+    def _start(self) -> None:
+        if self.prof is None:
+            self._make()
+            self._phase(self.prof.prepare_trace)
+        self.prof.start_trace()
 
     def _stop(self) -> None:
-        self.prof.stop()
+        self._phase(self.prof.stop_trace)
 
     def _new_marker(self, step: int) -> Any:
         # the name torch.profiler's own schedule gives its step ranges
@@ -473,11 +567,11 @@ class _TorchWindow(_Window):
     def raw_trace(self) -> str:
         path = os.path.join(self.tmp, "window.pt.trace.json")
         self.prof.export_chrome_trace(path)
+        self.prof = None  # its events are in the file now
         return path
 
-    def stored_copy(self, raw: str) -> str:
-        return gzip_copy(raw, os.path.join(
-            self.tmp, f"window_{self.first_step}_{self.last_step + 1}.pt.trace.json.gz"))
+    def stored_name(self) -> str:
+        return f"window_{self.first_step}_{self.last_step + 1}.pt.trace.json.gz"
 
 
 __all__ = ["GpuProfCallback", "GpuProfWarning"]

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from . import _torch_env
-from ._hookcore import GpuProfWarning, HookCore, gzip_copy
+from ._hookcore import GpuProfWarning, HookCore
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
 # (the GPU never lags that far behind in practice; this only bounds memory).
@@ -40,7 +40,8 @@ MAX_PENDING = 1000
 class _Iter:
     """One finished iteration waiting for its GPU time."""
 
-    __slots__ = ("data_ms", "ev_end", "ev_start", "mem", "step", "wall_ms", "wall_time")
+    __slots__ = ("ahead", "data_ms", "ev_end", "ev_prev", "ev_start", "mem", "step", "wall_ms",
+                 "wall_time")
 
     def __init__(self, step: int, wall_ms: float, data_ms: float | None, wall_time: float) -> None:
         self.step = step
@@ -49,7 +50,20 @@ class _Iter:
         self.wall_time = wall_time
         self.ev_start: Any = None
         self.ev_end: Any = None
+        self.ev_prev: Any = None  # the previous iteration's end event
+        self.ahead = False  # the GPU was still on the previous iteration when this one ended
         self.mem: tuple[float, float] | None = None
+
+
+def true_period(wall_ms: float, gpu_step_ms: float | None, host_ahead: bool
+                ) -> tuple[float, bool]:
+    """(the iteration's true period, whether it is the GPU's): when the host ran ahead of the
+    GPU, the host's step-to-step time says how fast it queues work, not how fast iterations
+    finish; the GPU's end-of-step to end-of-step time does. Otherwise the GPU waited for the
+    host and the wall time is the period (and covers time the GPU spent idle)."""
+    if host_ahead and gpu_step_ms is not None and gpu_step_ms > 0:
+        return gpu_step_ms, True
+    return wall_ms, False
 
 
 class GpuProfiler(HookCore):
@@ -115,6 +129,7 @@ class GpuProfiler(HookCore):
         self._window_t0 = 0.0
         self._recording = False  # the window's profiler is past its warm-up iteration
         self._nvtx_open = False
+        self._teardown_cupti = False  # set TEARDOWN_CUPTI=1 around the window's start/stop
         self.analysis_seconds: float | None = None  # export + analysis + store, off-thread
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -154,6 +169,8 @@ class GpuProfiler(HookCore):
             # the Python loader follows every rank live (it stops reading a run's older event
             # files once a newer one appears). See docs/distributed.md.
             self.run_dir = os.path.join(self.logdir, f"rank{rank}")
+        # decided once, here: the events file and the stored trace take it as a parameter
+        self.rank = rank if self.distributed["world_size"] > 1 else None
         w = self._want
         self._on = {"scalars": bool(w["scalars"]), "cuda_timing": cuda,
                     "memory": cuda and bool(w["memory"]), "nvtx": cuda and bool(w["nvtx"]),
@@ -264,9 +281,13 @@ class GpuProfiler(HookCore):
         torch = self._torch
         if on["cuda_timing"]:
             try:
+                prev = self._ev_last
+                # query(), never a sync: is the GPU still on the previous iteration?
+                rec.ahead = prev is not None and not prev.query()
                 ev = torch.cuda.Event(enable_timing=True)
                 ev.record()
-                rec.ev_start = self._ev_ready if self._ev_ready is not None else self._ev_last
+                rec.ev_start = self._ev_ready if self._ev_ready is not None else prev
+                rec.ev_prev = prev
                 rec.ev_end = self._ev_last = ev
             except Exception as e:
                 self._fail("cuda_timing", e)
@@ -331,7 +352,7 @@ class GpuProfiler(HookCore):
         pending = self._pending
         while pending:
             rec = pending[0]
-            gpu_ms = None
+            gpu_ms = gpu_step_ms = None
             if rec.ev_end is not None and self._on.get("cuda_timing"):
                 try:
                     if not rec.ev_end.query():
@@ -339,14 +360,22 @@ class GpuProfiler(HookCore):
                             return
                         if wait:
                             rec.ev_end.synchronize()  # close(): the loop is over
-                    if rec.ev_start is not None and rec.ev_end.query():
-                        gpu_ms = rec.ev_start.elapsed_time(rec.ev_end)
+                    if rec.ev_end.query():
+                        if rec.ev_start is not None:
+                            gpu_ms = rec.ev_start.elapsed_time(rec.ev_end)
+                        if rec.ev_prev is not None:
+                            gpu_step_ms = rec.ev_prev.elapsed_time(rec.ev_end)
                 except Exception as e:
                     self._fail("cuda_timing", e)
             pending.popleft()
+            period, from_gpu = true_period(rec.wall_ms, gpu_step_ms, rec.ahead)
+            self._periods.append((rec.step, period, from_gpu))
             if not self._on.get("scalars"):
                 continue
-            values = {"gpuprof/iteration_time_ms": rec.wall_ms}
+            values = {"gpuprof/iteration_time_ms": period,
+                      "gpuprof/host_step_time_ms": rec.wall_ms}
+            if gpu_step_ms is not None:
+                values["gpuprof/gpu_step_time_ms"] = gpu_step_ms
             if gpu_ms is not None:
                 values["gpuprof/gpu_time_ms"] = gpu_ms
             if rec.data_ms is not None:
@@ -387,10 +416,29 @@ class GpuProfiler(HookCore):
         if hasattr(prof, "_prev_schedule_action"):  # torch >= 2.12 keeps the schedule's view
             prof._prev_schedule_action = prof.current_action
         self._recording = False
-        prof.start()
+        self._plan_cupti_teardown()
+        with _torch_env.cupti_teardown_env(self._teardown_cupti):
+            prof.start()
         self._window = prof
         if step >= first:
             self._begin_recording()
+
+    def _plan_cupti_teardown(self) -> None:
+        """Tear CUPTI down when the window's profiler stops (Kineto's TEARDOWN_CUPTI), unless
+        CUDA graphs forbid it: then say once what staying attached costs."""
+        self._teardown_cupti = False
+        if not self.cuda:
+            return  # no CUDA activity profiled: CUPTI is never attached
+        on, warning = _torch_env.cupti_teardown_plan(self._torch)
+        self._teardown_cupti = on
+        if warning and "cupti teardown" not in self._warned:
+            self._warned.add("cupti teardown")
+            warnings.warn(f"tb_gpuprof: no CUPTI teardown after the window: {warning}",
+                          GpuProfWarning, stacklevel=4)
+
+    def _stop_profiler(self, prof: Any) -> None:
+        with _torch_env.cupti_teardown_env(self._teardown_cupti):
+            prof.stop()
 
     def _begin_recording(self) -> None:
         torch = self._torch
@@ -434,7 +482,7 @@ class GpuProfiler(HookCore):
         prof, self._window = self._window, None
         torch = self._torch
         self._end_recording()
-        prof.stop()
+        self._stop_profiler(prof)
         convs = getattr(self, "_probe_convs", None) if self.model is None else None
         env = _torch_env.record_env(torch, model=self.model, convs=convs,
                                     autocast=self._autocast, device=self._device)
@@ -448,7 +496,7 @@ class GpuProfiler(HookCore):
         prof, self._window = self._window, None
         try:
             self._end_recording()
-            prof.stop()
+            self._stop_profiler(prof)
         except Exception:
             pass
         if exc:
@@ -456,24 +504,33 @@ class GpuProfiler(HookCore):
 
     def _analyze(self, prof: Any, step: int, env: dict[str, Any],
                  window: tuple[float, float]) -> None:
+        """Analysis thread: export the trace (it needs the profiler object, so it stays in
+        this process), then the rest in a low-priority child process (HookCore)."""
         t0 = time.perf_counter()
         tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         try:
-            raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
+            name = f"window_{self.iter_start}_{step + 1}.pt.trace.json"
+            raw = os.path.join(tmp, name)
             prof.export_chrome_trace(raw)
-            report = self._window_report(
-                raw, env, *window, gpu_expected=self.cuda,
+            del prof  # the profiler's events are in the file now; free them
+            env["unprofiled"] = self._unprofiled(self._not_unprofiled, self._window_opens_at(),
+                                                 lambda: self._closed)
+            self._analyze_in_child(
+                raw, env, *window, step, gpu_expected=self.cuda,
                 no_gpu_warning="tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
                 "probably in use by another tool (Nsight Systems/Compute, another profiler, "
-                "JAX); the report covers CPU operators only")
-            if self._writer is not None:  # the report is worth its raw trace
-                self._save_raw_trace(gzip_copy(raw, raw + ".gz"), step)
-            self._store_report(report, step)
+                "JAX); the report covers CPU operators only",
+                stored_name=name + ".gz", gzip_raw=True)
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             self.analysis_seconds = time.perf_counter() - t0
+
+    def _not_unprofiled(self, step: int) -> bool:
+        """Iterations whose period says nothing about the un-profiled loop: 0 (start-up), the
+        profiler's warm-up, the window, and the one after it (CUPTI's teardown runs there)."""
+        return step == 0 or self._window_opens_at() <= step <= (self.iter_stop or 0)
 
     # -- run summary -------------------------------------------------------------------------
 
@@ -484,8 +541,9 @@ class GpuProfiler(HookCore):
         dist = self.distributed  # as at start(): the process group may be gone by now
         if dist["rank"] != 0:
             return
+        periods = [ms for step, ms, _ in self._periods]
         self._write_run_summary(
-            self._wall_ms[1:] or self._wall_ms,  # iteration 0 includes warm-up
+            periods[1:] or periods,  # iteration 0 includes warm-up
             (self.iter_stop - 1) if self.report is not None else None,
             {"distributed": dist})
 

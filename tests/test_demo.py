@@ -240,3 +240,61 @@ def test_keras_resnet_script_writes_a_run(tmp_path):
     assert report["system"]["keras_backend"] == "torch"
     assert report["system"]["flags"]["mixed_precision_policy"] == "mixed_bfloat16"
     assert report["iterations"]["count"] == 2
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc's parent links)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":  # a zombie has exited already
+                parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        children = {p for p, ppid in parents.items() if ppid in frontier} - found
+        found |= children
+        frontier = children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_sigterm_stops_the_demo_and_its_tensorboard_with_sigint_ignored(tmp_path):
+    """Started from a script with `&`, the demo (and so TensorBoard) has SIGINT ignored;
+    SIGTERM must still stop both, leaving no process behind."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tb_gpuprof", "demo", "--no-live",
+                             "--logdir", str(tmp_path / "runs"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **FAST_ENV}, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    try:
+        wait_until(lambda: any("open http" in ln for ln in lines) or proc.poll() is not None,
+                   timeout=180, what="the demo to print TensorBoard's URL")
+        assert proc.poll() is None, "".join(lines)
+        children = _descendants(proc.pid)
+        assert children, "TensorBoard runs as the demo's child"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, "".join(lines)
+    wait_until(lambda: not any(_alive(p) for p in children), timeout=30,
+               what="the demo's TensorBoard processes to exit")
+    assert "stopping TensorBoard" in "".join(lines)

@@ -87,3 +87,38 @@ def test_bad_trace_fails_in_one_line_and_creates_no_run(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and str(bad) in proc.stderr
     assert not Path(logdir).exists() or not any(Path(logdir).rglob("*tfevents*"))
+
+
+@pytest.mark.parametrize("var", ["SLURM_PROCID", "RANK", "OMPI_COMM_WORLD_RANK"])
+def test_import_under_a_launchers_rank_is_an_ordinary_run(tmp_path, kineto_trace, var):
+    """A shell inside a SLURM job or a torchrun worker has a rank in its environment; an
+    import there is still one single-process run: no rank in file names, tags or traces."""
+    import os
+
+    env = {**os.environ, var: "1"}
+    run_cli("import", str(kineto_trace), "--logdir", str(tmp_path), "--run", "r", env=env)
+    run_dir = tmp_path / "r"
+    files = event_files(str(run_dir))
+    assert len(files) == 1 and ".rank" not in Path(files[0]).name
+    tags = {v.tag for e in iter_events(files[0]) for v in e.summary.value}
+    reports = [t for t in tags if schema.parse_report_tag(t)]
+    assert reports == [schema.report_tag(schema.parse_report_tag(reports[0])[0])], reports
+    traces = [p.parent.name for p in (run_dir / "plugins" / "gpuprof" / "traces").rglob("*")
+              if p.is_file()]
+    assert len(traces) == 1 and ".rank" not in traces[0], traces
+    # and the plugin/CLI read it as the run's own report
+    report = json.loads(run_cli("report", str(run_dir), "--format", "json").stdout)
+    assert report["iterations"]["count"] >= 1
+
+
+@pytest.mark.parametrize("where", ["is_a_file", "under_a_file"])
+def test_bad_logdir_is_one_line_and_exit_2(tmp_path, kineto_trace, where):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    logdir = blocker if where == "is_a_file" else blocker / "runs"
+    proc = run_cli("import", str(kineto_trace), "--logdir", str(logdir), check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tb-gpuprof import: error:") and str(blocker) in lines[0]
+    assert "Traceback" not in proc.stderr and blocker.read_text() == "not a directory"

@@ -105,7 +105,7 @@ def test_concurrent_threads_write_whole_records(tmp_path):
 WRITER_SCRIPT = """
 import sys
 from tb_gpuprof.store.writer import EventWriter
-w = EventWriter(sys.argv[1])
+w = EventWriter(sys.argv[1], rank=int(sys.argv[3]) if sys.argv[3:] else None)
 for s in range(300):
     w.add_scalar("gpuprof/iteration_time_ms", float(s), s)
 w.add_report({"schema_version": 1, "kernels": [{"name": sys.argv[2], "total_us": 1.0}]}, 299)
@@ -114,11 +114,11 @@ w.close()
 
 
 def _spawn(run_dir: Path, marker: str, rank: str | None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "OMPI_COMM_WORLD_RANK",
-                                                            "SLURM_PROCID")}
-    if rank is not None:
-        env["RANK"] = rank
-    return subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(run_dir), marker], env=env)
+    # a launcher's rank in the environment is not the writer's business: only the parameter
+    env = {**os.environ, "RANK": "7", "SLURM_PROCID": "7"}
+    args = [rank] if rank is not None else []
+    return subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, str(run_dir), marker, *args],
+                            env=env)
 
 
 @pytest.mark.parametrize("ranks", [(None, None), ("0", "1")], ids=["two-processes", "two-ranks"])

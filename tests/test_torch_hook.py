@@ -331,3 +331,189 @@ def test_each_rank_writes_its_own_files_and_only_rank_0_the_summary(tmp_path, mo
     assert list(summaries) == [n for n in files if n.endswith("rank0")]
     assert os.listdir(os.path.join(run, "plugins", "gpuprof", "traces")) == ["step_2"]
     assert os.listdir(os.path.join(sub, "plugins", "gpuprof", "traces")) == ["step_2.rank1"]
+
+
+# -- the true iteration period (host ahead of the GPU or not) ---------------------------------
+
+class SimClock:
+    """Simulated time for the hook (its module's ``time``): the loop advances it."""
+
+    now = 0.0
+
+    @staticmethod
+    def perf_counter() -> float:
+        return SimClock.now
+
+    @staticmethod
+    def time() -> float:
+        return 1e9 + SimClock.now
+
+
+class SimGpu:
+    """CUDA events on a simulated GPU that needs ``work_s`` per iteration: an event recorded
+    at host time t completes at max(t, the GPU's previous finish) + the work queued before it
+    (all of it at the end-of-step event, none at batch-ready events)."""
+
+    work_s = 0.0
+    busy_until = 0.0
+    pending_work = 0.0
+    syncs = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t: float | None = None
+
+    def record(self, stream=None) -> None:
+        SimGpu.busy_until = max(SimClock.now, SimGpu.busy_until) + SimGpu.pending_work
+        SimGpu.pending_work = 0.0
+        self.t = SimGpu.busy_until
+
+    def query(self) -> bool:
+        return self.t is not None and self.t <= SimClock.now
+
+    def elapsed_time(self, end: SimGpu) -> float:
+        assert self.query() and end.query(), "elapsed_time on an unfinished event would block"
+        return (end.t - self.t) * 1e3
+
+    def synchronize(self) -> None:
+        SimGpu.syncs += 1
+        SimClock.now = max(SimClock.now, self.t or 0.0)
+
+
+@pytest.fixture
+def sim_gpu(monkeypatch):
+    from tb_gpuprof import torch as hook
+
+    SimClock.now, SimGpu.busy_until, SimGpu.pending_work, SimGpu.syncs = 0.0, 0.0, 0.0, 0
+    monkeypatch.setattr(hook, "time", SimClock)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Event", SimGpu)
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", lambda d=None: {
+        "allocated_bytes": {"all": {"peak": 0}}, "reserved_bytes": {"all": {"peak": 0}}})
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda m: None)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: None)
+
+
+@pytest.mark.parametrize(("host_ms", "gpu_ms"), [(5.0, 40.0), (40.0, 5.0)],
+                         ids=["host-runs-ahead", "gpu-waits-for-host"])
+def test_iteration_time_is_the_true_period(tmp_path, sim_gpu, host_ms, gpu_ms):
+    """Host ahead: the host queues an iteration every 5 ms but the GPU finishes one every
+    40 ms; iteration_time_ms must say 40 (the GPU's step-to-step), host_step_time_ms 5.
+    GPU waiting for the host: both say the host's 40 ms."""
+    run = str(tmp_path / "sim")
+    prof = GpuProfiler(run, nvml=False).start()
+    for _ in range(30):
+        SimClock.now += host_ms / 1e3  # the host's work on this iteration
+        SimGpu.pending_work += gpu_ms / 1e3  # the GPU work it queued
+        prof.step()
+    assert SimGpu.syncs == 0  # the loop itself never waited for the GPU
+    prof.close()
+    scalars = read_scalars(run)
+    steps = range(1, 30)  # iteration 0 starts with an idle GPU
+    period = [scalars["gpuprof/iteration_time_ms"][i] for i in steps]
+    host = [scalars["gpuprof/host_step_time_ms"][i] for i in steps]
+    gpu = [scalars["gpuprof/gpu_step_time_ms"][i] for i in steps]
+    true_ms = max(host_ms, gpu_ms)
+    assert period == pytest.approx([true_ms] * len(period), rel=1e-3)
+    assert host == pytest.approx([host_ms] * len(host), rel=1e-3)
+    assert gpu == pytest.approx([true_ms] * len(gpu), rel=1e-3)
+    assert [ms for _, ms, _ in prof._periods][1:] == pytest.approx(period, rel=1e-3)
+
+
+def test_true_period_rule():
+    from tb_gpuprof.torch import true_period
+
+    assert true_period(5.0, 40.0, host_ahead=True) == (40.0, True)
+    assert true_period(40.0, 39.0, host_ahead=False) == (40.0, False)
+    assert true_period(5.0, None, host_ahead=True) == (5.0, False)  # events not read (yet)
+
+
+# -- the window's analysis: off the training process, nothing process-wide changed ---------
+
+def test_unprofiled_timing_reaches_the_report(tmp_path):
+    import statistics
+
+    run = str(tmp_path / "unprof")
+    with GpuProfiler(run, iter_start=6, iter_stop=8) as prof:
+        train(prof, tiny_cnn(), batches(14))
+    scalars = read_scalars(run)["gpuprof/iteration_time_ms"]
+    unprof = prof.env["unprofiled"]
+    # before the window, not 0 (start-up) nor 5 (the profiler's warm-up)
+    assert unprof["source"] == "wall_time" and unprof["count"] == 4
+    used = [scalars[i] for i in (1, 2, 3, 4)]
+    assert unprof["median_ms"] == pytest.approx(statistics.median(used), rel=1e-3)
+    assert cli_report(run)["system"]["unprofiled"] == unprof
+
+
+def test_window_too_early_waits_for_iterations_after_it(tmp_path):
+    run = str(tmp_path / "early")
+    with GpuProfiler(run, iter_start=1, iter_stop=3) as prof:
+        train(prof, tiny_cnn(), batches(12))
+    unprof = prof.env["unprofiled"]
+    # nothing before the window counts (0 is start-up, the window opens at 0): the analysis
+    # waited for iterations after it (9..11 minus the teardown one) and used some of them
+    assert unprof is not None and unprof["count"] >= 3, unprof
+
+
+def test_analysis_runs_in_a_child_and_training_keeps_gc_env_and_signals(tmp_path):
+    import gc
+    import os
+    import signal
+
+    env_before = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    gc_during: list[bool] = []
+    model, data = tiny_cnn(), batches(4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with GpuProfiler(str(tmp_path / "gc"), iter_start=2, iter_stop=4) as prof:
+        for i in range(400):
+            x, y = data[i % 4]
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            prof.step()
+            if prof._analysis is not None:
+                if not prof._analysis.is_alive():
+                    break
+                gc_during.append(gc.isenabled())
+                assert dict(os.environ) == env_before
+    assert prof.report is not None, "the window was analyzed"
+    assert len(gc_during) >= 3, "training iterations ran while the analysis ran"
+    assert all(gc_during)
+    assert dict(os.environ) == env_before
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def test_a_failing_analysis_child_is_one_warning(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    run = str(tmp_path / "nochild")
+    with pytest.warns(GpuProfWarning) as caught:
+        with GpuProfiler(run, iter_start=2, iter_stop=4) as prof:
+            losses = train(prof, tiny_cnn(), batches(8))
+    assert len(losses) == 8 and prof.report is None
+    mine = [str(w.message) for w in caught if issubclass(w.category, GpuProfWarning)]
+    assert len(mine) == 1 and "analysis" in mine[0], mine
+    assert sorted(read_scalars(run)["gpuprof/iteration_time_ms"]) == list(range(8))
+
+
+def test_cupti_teardown_env_is_scoped_to_the_call(monkeypatch):
+    import os
+
+    from tb_gpuprof import _torch_env
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    with _torch_env.cupti_teardown_env(True):
+        assert os.environ["TEARDOWN_CUPTI"] == "1"
+    assert "TEARDOWN_CUPTI" not in os.environ
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    assert _torch_env.cupti_teardown_plan(torch) == (False, None)  # Kineto tears down anyway
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")  # e.g. torch's own CUDA-graph workaround
+    on, warning = _torch_env.cupti_teardown_plan(torch)
+    assert not on and "TEARDOWN_CUPTI=0" in warning and "slower" in warning
+    with _torch_env.cupti_teardown_env(False):
+        assert os.environ["TEARDOWN_CUPTI"] == "0"
+    monkeypatch.delenv("TEARDOWN_CUPTI")
+    assert _torch_env.cupti_teardown_plan(torch)[0] is (not _torch_env.uses_cuda_graphs(torch))

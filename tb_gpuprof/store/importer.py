@@ -35,6 +35,21 @@ def resolve_run_dir(logdir: str, run: str) -> str:
     return run_dir
 
 
+def _make_run_dir(logdir: str, run_dir: str) -> None:
+    """Create ``run_dir``; a log directory that is a file, lies under a file or is not
+    writable is a user error (one line), not a traceback."""
+    if os.path.exists(logdir) and not os.path.isdir(logdir):
+        raise GpuProfError(f"cannot use the log directory {logdir}: it is a file, not a "
+                           "directory")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise GpuProfError(f"cannot create the log directory {logdir}: "
+                           f"{e.strerror or e}") from None
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise GpuProfError(f"cannot write into the log directory {logdir}: permission denied")
+
+
 def import_trace(trace: str, logdir: str, run: str | None = None, key: str | None = None) -> str:
     """Analyze ``trace`` and write it as run ``run`` of ``logdir``; returns the run directory.
 
@@ -46,6 +61,7 @@ def import_trace(trace: str, logdir: str, run: str | None = None, key: str | Non
 
     trace = os.fspath(trace)
     run_dir = resolve_run_dir(logdir, run if run is not None else default_run_name(trace))
+    _make_run_dir(logdir, run_dir)  # before minutes of analysis, not after
     if event_files(run_dir):
         raise GpuProfError(f"{run_dir} already holds event files; pick another --run")
     profile = load_profile(trace)
@@ -56,6 +72,8 @@ def import_trace(trace: str, logdir: str, run: str | None = None, key: str | Non
     last = (report.get("iterations") or {}).get("range") or [None, None]
     step = last[1] if isinstance(last[1], int) else (max(steps) if steps else 0)
 
+    # An import is one ordinary run whatever the environment says (a shell inside a SLURM job
+    # or a torchrun worker has SLURM_PROCID/RANK set): no rank is passed, none is read.
     with EventWriter(run_dir) as writer:
         # Scalars first, in step order: TensorBoard's Python loader purges a tag's samples
         # whose steps come after a smaller step it reads later.
@@ -63,5 +81,5 @@ def import_trace(trace: str, logdir: str, run: str | None = None, key: str | Non
             if item.get("wall_ms") is not None:
                 writer.add_scalar(ITERATION_TIME_TAG, item["wall_ms"], s)
         writer.add_report(report, step=step)
-        save_raw_trace(run_dir, trace, step, rank=writer.rank or 0)
+        save_raw_trace(run_dir, trace, step)
     return run_dir

@@ -13,7 +13,6 @@ import itertools
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -47,25 +46,6 @@ def _close_all_at_exit() -> None:
 atexit.register(_close_all_at_exit)
 
 
-def detect_rank() -> int | None:
-    """This process's rank under torch.distributed or a launcher (RANK env), else None.
-
-    torch is only consulted when the program already imported it.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank())
-        except Exception:
-            pass
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            return int(value)
-    return None
-
-
 def _safe_host() -> str:
     host = socket.gethostname() or "localhost"
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in host)
@@ -77,12 +57,21 @@ class EventWriter:
     One file per writer (per process in practice): the name holds the time, host, pid, a
     per-process counter and the rank, and the file is created exclusively, so processes and
     ranks sharing a run directory never write into each other's file. Thread-safe.
+
+    ``rank``: the process's rank in a distributed job, as the framework adapter decided it
+    (the writer never reads it from the environment: an import or a tool run under a
+    launcher's ``RANK``/``SLURM_PROCID`` is still an ordinary single-process run). ``None``:
+    not part of a distributed job.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, filename_suffix: str = "") -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None,
+                 filename_suffix: str = "") -> None:
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
+                                 or rank < 0):
+            raise ValueError(f"rank must be a non-negative int or None, got {rank!r}")
         self.run_dir = os.fspath(run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
-        self.rank = detect_rank()
+        self.rank = rank
         rank_part = f".rank{self.rank}" if self.rank is not None else ""
         now = time.time()
         name = (f"events.out.tfevents.{int(now)}.{_safe_host()}.{os.getpid()}."
@@ -210,13 +199,11 @@ def save_raw_trace(run_dir: str | os.PathLike[str], trace_path: str | os.PathLik
     """Copy a window's raw trace to ``<run>/plugins/gpuprof/traces/step_<step>[.rank<r>]/``.
 
     Returns the copy's path. The copy is written under a temporary name and renamed, so a
-    reader never sees half a file.
+    reader never sees half a file. ``rank``: as the caller decided it (None and 0: no suffix).
     """
     trace_path = os.fspath(trace_path)
     if not os.path.isfile(trace_path):
         raise TraceReadError(trace_path, "no such file")
-    if rank is None:
-        rank = detect_rank()
     dest_dir = traces_dir(run_dir, step, rank)
     os.makedirs(dest_dir, exist_ok=True)
     # A name with "tfevents" would make TensorBoard read the trace as an event file.

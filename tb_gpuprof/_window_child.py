@@ -1,0 +1,76 @@
+"""The window's analysis in a child process: read the profile, build the report, store the
+raw profile in the run. The hooks start it (``python -m tb_gpuprof._window_child``) so the
+analysis never competes with training for the training process's GIL, and lower its
+priority here (``os.nice`` changes this process only).
+
+Protocol: one JSON job on stdin, one JSON result on stdout (``{"report": ..., "trace_path":
+..., "warnings": [...]}`` or ``{"error": "..."}``); framework-free, like the analysis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from typing import Any
+
+# How much lower than the training process the analysis runs (nice levels, Unix only).
+NICE_INCREMENT = 10
+
+
+def _store_raw(job: dict[str, Any]) -> str | None:
+    """Keep the window's raw profile in the run (gzipped for Kineto JSON); its path."""
+    store = job.get("store")
+    if not store:
+        return None
+    from ._hookcore import gzip_copy
+    from .store.writer import save_raw_trace
+
+    src = job["trace"]
+    if store.get("gzip"):
+        src = gzip_copy(src, os.path.join(os.path.dirname(src), store["name"]))
+    elif store.get("name") and os.path.basename(src) != store["name"]:
+        dest = os.path.join(os.path.dirname(src), store["name"])
+        os.replace(src, dest)
+        src = dest
+    return save_raw_trace(store["run_dir"], src, int(store["step"]), rank=store.get("rank"))
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Store, then analyze (the raw profile is worth keeping even if the analysis fails)."""
+    from .analysis.report import build_report
+    from .readers import load_profile
+
+    out: dict[str, Any] = {"warnings": []}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            out["trace_path"] = _store_raw(job)
+            job["trace"] = out["trace_path"] or job["trace"]
+            profile = load_profile(job["trace"])
+            if job.get("gpu_expected") and not profile.gpu:
+                out["warnings"].append(job["no_gpu_warning"])
+            out["report"] = build_report(profile, key=job.get("key"), env=job.get("env"),
+                                         telemetry=job.get("telemetry"))
+        except Exception as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+    out["warnings"].extend(str(w.message) for w in caught)
+    return out
+
+
+def main() -> int:
+    if hasattr(os, "nice"):
+        try:
+            os.nice(NICE_INCREMENT)
+        except OSError:
+            pass  # not allowed here: run at the parent's priority
+    job = json.load(sys.stdin)
+    result = run_job(job)
+    json.dump(result, sys.stdout, default=str)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
