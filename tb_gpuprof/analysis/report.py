@@ -295,7 +295,6 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                         "Tensor Core and kernel views are empty")
     from .distributed import communication_section
     from .recommend import recommend
-
     from .throughput import throughput_section
 
     report["distributed"] = communication_section(profile, report)

@@ -131,7 +131,7 @@ def throughput_section(report: dict[str, Any], *,
         peak, peak_source = peak_for((report.get("system") or {}).get("gpu_name"), precision)
     achieved = flops / (iter_ms * 1e-3) / 1e12 if flops and iter_ms > 0 else None
     return {
-        "flops_per_iteration": flops,
+        "flops_per_iteration": round(flops, 1) if flops else None,
         "flops_by_category": {c: round(v, 1) for c, v in sorted(by_cat.items())},
         "math_time_counted_pct": coverage,
         "iteration_ms": round(iter_ms, 4) if iter_ms else None,
@@ -141,7 +141,7 @@ def throughput_section(report: dict[str, Any], *,
         "precision_source": precision_source,
         "peak_tflops": peak,
         "peak_source": peak_source,
-        "mfu_pct": round(100.0 * achieved / peak, 2) if achieved is not None and peak else None,
+        "mfu_pct": round(100.0 * achieved / peak, 3) if achieved is not None and peak else None,
     }
 
 
