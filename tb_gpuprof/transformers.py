@@ -48,9 +48,10 @@ def trainer_flags(args: Any) -> dict[str, Any]:
 def default_run_dir(args: Any) -> str:
     """Beside the Trainer's own TensorBoard logs.
 
-    ``<logging_dir>/gpuprof`` where the Trainer has a logging directory (``TENSORBOARD_LOGGING_DIR``
-    or, before transformers 5, ``args.logging_dir``); else ``<output_dir>/runs/<time>_<host>_gpuprof``,
-    next to the ``<output_dir>/runs/<time>_<host>`` run that TensorBoardCallback writes.
+    ``<logging_dir>/gpuprof`` where the Trainer has a logging directory
+    (``TENSORBOARD_LOGGING_DIR`` or, before transformers 5, ``args.logging_dir``); else
+    ``<output_dir>/runs/<time>_<host>_gpuprof``, next to the ``<output_dir>/runs/<time>_<host>``
+    run that TensorBoardCallback writes.
     """
     base = os.environ.get("TENSORBOARD_LOGGING_DIR") or getattr(args, "logging_dir", None)
     if base:
