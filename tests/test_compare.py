@@ -109,3 +109,11 @@ def test_bad_arguments_exit_2_without_a_traceback():
         p = subprocess.run([sys.executable, "-m", "tb_gpuprof", "compare", FP32, TF32, *extra],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_compare_and_throughput_import_no_framework():
+    code = ("import sys, tb_gpuprof, tb_gpuprof.cli, tb_gpuprof.compare, "
+            "tb_gpuprof.analysis.throughput\n"
+            "loaded = [m for m in ('torch', 'transformers', 'tensorflow') if m in sys.modules]\n"
+            "assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
