@@ -112,6 +112,8 @@ def test_evaluation_is_left_out_of_the_next_iteration(tmp_path):
 
 def test_accelerate_loop_with_gradient_accumulation(tmp_path):
     accelerate = pytest.importorskip("accelerate")
+    # the Trainers above left their process-wide AcceleratorState (fp32) behind
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2,
                                          mixed_precision="bf16")
     model = tiny_gpt2()
