@@ -12,6 +12,8 @@ TEST_REQUIRES = [
     "playwright>=1.45",
     "lightning>=2.0",  # the Lightning callback's test runs a real Trainer on CPU
     "jax>=0.4.30",  # Keras-on-JAX and jax.profiler XPlane tests (CPU build)
+    "transformers>=4.40",  # the Trainer callback's test runs a real Trainer on CPU
+    "accelerate>=0.26",  # the Trainer's own dependency, and the Accelerate-loop test
 ]
 
 setup(
@@ -36,6 +38,7 @@ setup(
         # tests ran on (2.13), which on this project's machines is a local CPU build.
         "demo": ["torch>=2.1,<2.14"],
         "keras": ["keras>=3.0"],
+        "transformers": ["torch>=2.1", "transformers>=4.40", "accelerate>=0.26"],
         "test": TEST_REQUIRES,
         # benchmarks/bench_parse.py runs torch-tb-profiler side by side (it pulls in pandas;
         # only the benchmark uses it, never the package).

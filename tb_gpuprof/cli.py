@@ -1,4 +1,4 @@
-"""`tb-gpuprof` command line: report, import, dmon, demo.
+"""`tb-gpuprof` command line: report, compare, import, dmon, demo.
 
 Every user error (bad path, bad trace, no GPU) ends as one line on stderr and exit status 2;
 only bugs produce tracebacks. Subcommands import their machinery lazily so `--help` is instant.
@@ -72,6 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "(DLProf's --key_node)")
     rep.add_argument("--run", default=None, help="with a log directory: which run to report")
 
+    cmp = sub.add_parser(
+        "compare", help="compare run B with baseline A; exit 1 when B is too much slower",
+        description="Compare two runs, run directories or trace files (A: the baseline). "
+                    "Exit 1 with a one-line reason when B's iteration time exceeds A's by more "
+                    "than --max-slowdown percent; exit 2 on bad input.")
+    cmp.add_argument("a", metavar="A", help="baseline: trace file, run directory or log directory")
+    cmp.add_argument("b", metavar="B", help="candidate: trace file, run directory or log directory")
+    cmp.add_argument("--max-slowdown", type=_non_negative_float, default=None, metavar="PCT",
+                     help="fail (exit 1) when B is slower than A by more than PCT percent")
+    cmp.add_argument("--format", choices=("text", "json"), default="text")
+    cmp.add_argument("--top", type=_positive_int, default=5,
+                     help="kernels that changed most to list (default 5)")
+
     imp = sub.add_parser("import", help="turn a trace file into a run TensorBoard shows")
     imp.add_argument("trace", metavar="TRACE")
     imp.add_argument("--logdir", required=True, help="TensorBoard log directory")
@@ -110,6 +123,41 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must not be negative: {value}")
+    return value
+
+
+def _load_any_report(path: str) -> dict:
+    """A stored run's report (run or log directory) or a trace file's, as `report` loads it."""
+    if os.path.isdir(path):
+        from .store.reader import load_run_report
+
+        return load_run_report(path)
+    from .analysis.report import build_report
+    from .readers import load_profile
+
+    return build_report(load_profile(path))
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .compare import compare_reports, render_comparison, slowdown_reason
+
+    cmp = compare_reports(_load_any_report(args.a), _load_any_report(args.b), top=args.top)
+    sys.stdout.write(render_comparison(cmp, fmt=args.format))
+    sys.stdout.flush()
+    reason = slowdown_reason(cmp, args.max_slowdown) if args.max_slowdown is not None else None
+    if reason:
+        print(f"tb-gpuprof compare: {reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     from .store.importer import import_trace
 
@@ -132,7 +180,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
                     live=not args.no_live)
 
 
-COMMANDS = {"report": _cmd_report, "import": _cmd_import, "dmon": _cmd_dmon, "demo": _cmd_demo}
+COMMANDS = {"report": _cmd_report, "compare": _cmd_compare, "import": _cmd_import,
+            "dmon": _cmd_dmon, "demo": _cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

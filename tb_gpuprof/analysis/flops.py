@@ -55,6 +55,83 @@ def _conv_core(x: list[int], w: list[int], stride: list[int], pad: list[int],
     return 2 * x[0] * w[0] * w[1] * prod(w[2:]) * out
 
 
+# Attention ops: (argument index of query, of key, whether the layout is [batch, seq, heads,
+# dim] (the flash/efficient kernels' own ops) rather than SDPA's [batch, heads, seq, dim], index
+# of the causal argument, whether that argument is a mask type (0 none, 1 causal from the top
+# left, 2 from the bottom right) rather than a bool, backward). Signatures from PyTorch's
+# native_functions.yaml; the math fallback (_scaled_dot_product_attention_math) runs bmm ops
+# that are counted themselves (the innermost op with FLOPs wins), so it is not listed.
+_ATTENTION: dict[str, tuple[int, int, bool, int, bool, bool]] = {
+    "aten::scaled_dot_product_attention": (0, 1, False, 5, False, False),
+    "aten::_scaled_dot_product_flash_attention": (0, 1, False, 4, False, False),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": (0, 1, False, 4, False, False),
+    "aten::_scaled_dot_product_efficient_attention": (0, 1, False, 6, False, False),
+    "aten::_scaled_dot_product_cudnn_attention": (0, 1, False, 6, False, False),
+    "aten::_scaled_dot_product_fused_attention_overrideable": (0, 1, False, 5, False, False),
+    "aten::_flash_attention_forward": (0, 1, True, 8, False, False),
+    "aten::_efficient_attention_forward": (0, 1, True, 9, True, False),
+    "aten::_cudnn_attention_forward": (0, 1, False, 10, False, False),
+    "aten::_scaled_dot_product_flash_attention_backward": (1, 2, False, 11, False, True),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (1, 2, False, 7, False, True),
+    "aten::_scaled_dot_product_efficient_attention_backward": (1, 2, False, 11, False, True),
+    "aten::_scaled_dot_product_cudnn_attention_backward": (1, 2, False, 14, False, True),
+    "aten::_flash_attention_backward": (1, 2, True, 11, False, True),
+    "aten::_efficient_attention_backward": (1, 2, True, 14, True, True),
+    "aten::_cudnn_attention_backward": (1, 2, False, 14, False, True),
+}
+
+
+def _causal(value: Any, mask_type: bool) -> str | None:
+    """"top_left", "bottom_right" or None (no causal mask) from a recorded argument."""
+    text = str(value).strip() if value is not None else ""
+    if mask_type:
+        return {"1": "top_left", "2": "bottom_right"}.get(text)
+    return "top_left" if text == "True" else None
+
+
+def causal_pairs(sq: int, sk: int, align: str | None) -> int:
+    """Query-key pairs a causal mask keeps (all ``sq * sk`` without one).
+
+    PyTorch's ``is_causal`` aligns the mask to the top left (query i sees keys 0..i); xformers'
+    bottom-right type aligns the last query with the last key (query i sees 0..i + sk - sq).
+    """
+    if align is None:
+        return sq * sk
+    offset = 0 if align == "top_left" else sk - sq
+    # query i keeps clamp(i + offset + 1, 0, sk) keys
+    total = 0
+    lo = max(0, -offset)  # first query that sees any key
+    full = max(lo, min(sq, sk - offset))  # queries before this one see a partial row
+    n = full - lo
+    if n > 0:
+        first = lo + offset + 1
+        total += n * (2 * first + n - 1) // 2
+    total += max(sq - full, 0) * sk
+    return total
+
+
+def _attention_flops(name: str, shapes: list[Any], concrete: list[Any] | None) -> float | None:
+    """4 * batch * heads * kept (query, key) pairs * head dim for QK^T and PV; backward 2x.
+
+    These are model FLOPs: FlashAttention's backward recomputes QK^T (5 matmuls, not 4), which
+    is hardware work the model does not need, so it is not counted. A causal mask counts only
+    the pairs it keeps, as the fused kernels skip the masked blocks.
+    """
+    qi, ki, bshd, ci, mask_type, backward = _ATTENTION[name]
+    q, k = shapes[qi], shapes[ki]
+    if len(q) != 4 or len(k) != 4:
+        return None
+    if bshd:
+        batch, sq, heads, dim = q
+        sk = k[1]
+    else:
+        batch, heads, sq, dim = q
+        sk = k[2]
+    align = _causal(concrete[ci], mask_type) if concrete and len(concrete) > ci else None
+    fwd = 4.0 * batch * heads * dim * causal_pairs(sq, sk, align)
+    return fwd * 2 if backward else fwd
+
+
 def op_flops(op: CpuOp) -> float | None:
     if op.flops:
         return op.flops
@@ -95,12 +172,12 @@ def op_flops(op: CpuOp) -> float | None:
             if len(gy) >= 3 and len(w) == len(gy):
                 fwd = 2 * gy[0] * w[0] * w[1] * prod(w[2:]) * prod(gy[2:])
                 return float(fwd * passes) if passes else None
-        elif name.startswith("aten::_scaled_dot_product") or \
-                name == "aten::scaled_dot_product_attention":
-            q, k = shapes[0], shapes[1]
-            if len(q) == 4 and len(k) == 4:
-                fwd = 4.0 * q[0] * q[1] * q[2] * k[2] * q[3]  # QK^T and PV
-                return fwd * 2 if "backward" in name else fwd
+        elif name in _ATTENTION:
+            return _attention_flops(name, shapes, op.concrete_inputs)
+        elif name == "aten::_scaled_mm":  # FP8 GEMM: (mat_a [M, K], mat_b [K, N], ...)
+            a, b = shapes[0], shapes[1]
+            if len(a) == 2 and len(b) == 2:
+                return 2.0 * a[0] * a[1] * b[1]
     except (TypeError, IndexError):
         return None
     return None

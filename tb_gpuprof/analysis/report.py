@@ -65,8 +65,12 @@ def _kernel_class(a: GpuActivity, ctx: LaunchContext | None) -> tuple[KernelClas
 
 def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: int | None = None,
                  key: str | None = None, env: dict[str, Any] | None = None,
-                 telemetry: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md)."""
+                 telemetry: dict[str, Any] | None = None,
+                 peak_tflops: float | None = None) -> dict[str, Any]:
+    """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md).
+
+    ``peak_tflops`` overrides the peak table's dense TFLOP/s for MFU (analysis/throughput.py).
+    """
     if not profile.gpu and not profile.cpu_ops:
         raise EmptyProfileError(profile.source, "the trace holds no GPU or CPU activity")
     env = dict(env or {})
@@ -329,9 +333,11 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                         "Tensor Core and kernel views are empty")
     from .distributed import communication_section
     from .recommend import recommend
+    from .throughput import throughput_section
 
     report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows)
     report["distributed"] = communication_section(profile, report)
+    report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["recommendations"] = recommend(report)
     return report
 

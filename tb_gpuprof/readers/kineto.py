@@ -113,6 +113,11 @@ _CATEGORY = {
 }
 
 _MISSING = object()
+# Ops whose scalar arguments ("Concrete Inputs") FLOPs need: conv geometry, attention's causal
+# flag (tb_gpuprof/analysis/flops.py).
+_CONCRETE_OPS = ("aten::conv", "aten::_conv", "aten::cudnn_conv", "aten::scaled_dot_product",
+                 "aten::_scaled_dot_product", "aten::_flash_attention",
+                 "aten::_efficient_attention", "aten::_cudnn_attention")
 _STEP_MARKER = "ProfilerStep#"  # sentinel (by identity) in the op-name cache
 _STEP_NUMBER = re.compile(r"#(\d+)\s*$")
 
@@ -558,9 +563,8 @@ class _ProfileBuilder:
                     types = cached(key, _MISSING)
                     if types is _MISSING:
                         types = decode_new(key)
-                    # stride/padding/... for FLOPs; only math ops need them
-                    if a.concrete and name.startswith(("aten::conv", "aten::_conv",
-                                                       "aten::cudnn_conv")):
+                    # stride/padding/... and is_causal for FLOPs; only math ops need them
+                    if a.concrete and name.startswith(_CONCRETE_OPS):
                         key = bytes(a.concrete)
                         concrete = cached(key, _MISSING)
                         if concrete is _MISSING:

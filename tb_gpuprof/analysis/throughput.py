@@ -1,0 +1,170 @@
+"""Model FLOPs throughput and MFU from a report: the ``throughput`` section (docs/metrics.md).
+
+FLOPs are what the report's kernels carry (counted from op shapes in flops.py: matmul, conv,
+attention), per iteration of the window. Achieved TFLOP/s divide them by the iteration time
+measured outside the profiler when the report knows it (``iterations.unprofiled_median_ms``),
+else by the window's median. MFU is that over the GPU's dense peak for the precision the run
+computes in, from :data:`PEAK_TFLOPS` (NVIDIA datasheets, cited in docs/metrics.md) unless the
+caller passes its own peak. Pure functions of the report; imports no framework.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Dense (no 2:4 sparsity) peak TFLOP/s per GPU and math precision, from NVIDIA's datasheets
+# (docs/metrics.md lists the source of each row). "fp32" is the CUDA-core (SIMT) rate; the
+# others are Tensor Core rates. The first pattern matching ``system.gpu_name`` wins, so more
+# specific names come first ("H100 NVL" before "H100", "L40S" before "L4").
+PEAK_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
+    ("H200 NVL", r"\bH200 NVL\b", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5,
+                                   "fp8": 1670.5}),
+    ("H200 SXM", r"\bH200\b", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
+                               "fp8": 1979.0}),
+    ("GH200", r"\bGH200\b", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
+                           "fp8": 1979.0}),
+    ("H100 NVL", r"\bH100 NVL\b", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5,
+                                   "fp8": 1670.5}),
+    ("H100 PCIe", r"\bH100\b.*\bPCIe\b", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5,
+                                          "fp16": 756.5, "fp8": 1513.0}),
+    ("H100 SXM", r"\bH100\b", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
+                               "fp8": 1979.0}),
+    ("A100", r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+    ("L40S", r"\bL40S\b", {"fp32": 91.6, "tf32": 183.0, "bf16": 366.5, "fp16": 366.5,
+                           "fp8": 733.0}),
+    ("L4", r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0,
+                       "fp8": 242.5}),
+    ("A10", r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
+    ("V100", r"\bV100\b", {"fp32": 15.7, "fp16": 125.0}),
+    ("T4", r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
+)
+
+# Kernel precisions as the peak table names them; TF32 kernels are reported as "fp32" by
+# some classifiers when the name does not say, and run at the TF32 rate on Tensor Cores.
+_PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32")
+_AUTOCAST = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "mixed_bfloat16": "bf16",
+             "mixed_float16": "fp16"}
+
+
+def peak_for(gpu_name: str | None, precision: str | None) -> tuple[float | None, str]:
+    """(dense peak TFLOP/s, where it came from) for a GPU name and a precision."""
+    if not gpu_name:
+        return None, "unknown GPU: pass peak_tflops="
+    for label, pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, gpu_name, re.IGNORECASE):
+            if precision in peaks:
+                return peaks[precision], f"{label} datasheet, dense {precision}"
+            return None, f"no {precision} peak for {label} in the table: pass peak_tflops="
+    return None, f"{gpu_name!r} is not in the peak table: pass peak_tflops="
+
+
+def _kernel_precision(k: dict[str, Any]) -> str | None:
+    p = k.get("precision")
+    if p == "fp32" and k.get("uses_tensor_cores"):
+        return "tf32"
+    return p if p in _PRECISIONS else None
+
+
+def compute_precision(report: dict[str, Any]) -> tuple[str | None, str]:
+    """The precision most of the counted FLOPs ran in, and how that was decided.
+
+    By FLOPs of the kernels that carry them; else by math GPU time (``precision_us``); else
+    from the recorded flags (autocast dtype, TF32 switches).
+    """
+    by_flops: dict[str, float] = {}
+    for k in report.get("kernels") or ():
+        p = _kernel_precision(k)
+        if p and k.get("flops"):
+            by_flops[p] = by_flops.get(p, 0.0) + k["flops"]
+    if by_flops:
+        return max(by_flops, key=lambda p: by_flops[p]), "kernel_flops"
+    by_time = {p: us for p, us in (report.get("precision_us") or {}).items() if p in _PRECISIONS}
+    if by_time:
+        return max(by_time, key=lambda p: by_time[p]), "precision_us"
+    flags = (report.get("system") or {}).get("flags") or {}
+    policy = flags.get("autocast") or flags.get("mixed_precision_policy")
+    if policy in _AUTOCAST:
+        return _AUTOCAST[policy], "flags"
+    if flags.get("allow_tf32_matmul") or flags.get("tf32_enabled"):
+        return "tf32", "flags"
+    if flags:
+        return "fp32", "flags"
+    return None, "unknown"
+
+
+def _flops_per_iteration(report: dict[str, Any]) -> tuple[float | None, dict[str, float],
+                                                            float | None]:
+    """(FLOPs per iteration, per kernel category, % of math-kernel time whose FLOPs counted)."""
+    n = max(int((report.get("iterations") or {}).get("count") or 0), 1)
+    total = 0.0
+    by_cat: dict[str, float] = {}
+    math_us = counted_us = 0.0
+    for k in report.get("kernels") or ():
+        f = k.get("flops") or 0.0
+        if k.get("category") in ("gemm", "conv", "attention"):
+            math_us += k.get("total_us") or 0.0
+            if f:
+                counted_us += k.get("total_us") or 0.0
+        if f:
+            total += f
+            cat = k.get("category") or "other"
+            by_cat[cat] = by_cat.get(cat, 0.0) + f / n
+    coverage = round(100.0 * counted_us / math_us, 1) if math_us > 0 else None
+    return (total / n if total > 0 else None), by_cat, coverage
+
+
+def throughput_section(report: dict[str, Any], *,
+                       peak_tflops: float | None = None) -> dict[str, Any]:
+    """The report's ``throughput`` section (docs/report-schema.md)."""
+    flops, by_cat, coverage = _flops_per_iteration(report)
+    it = report.get("iterations") or {}
+    unprofiled = it.get("unprofiled_median_ms")
+    if unprofiled:
+        iter_ms, time_source = float(unprofiled), "unprofiled_median_ms"
+    else:
+        iter_ms, time_source = float(it.get("median_ms") or 0.0), "window_median_ms"
+    precision, precision_source = compute_precision(report)
+    if peak_tflops is not None:
+        peak, peak_source = float(peak_tflops), "peak_tflops argument"
+    else:
+        peak, peak_source = peak_for((report.get("system") or {}).get("gpu_name"), precision)
+    achieved = flops / (iter_ms * 1e-3) / 1e12 if flops and iter_ms > 0 else None
+    return {
+        "flops_per_iteration": round(flops, 1) if flops else None,
+        "flops_by_category": {c: round(v, 1) for c, v in sorted(by_cat.items())},
+        "math_time_counted_pct": coverage,
+        "iteration_ms": round(iter_ms, 4) if iter_ms else None,
+        "time_source": time_source,
+        "achieved_tflops": round(achieved, 3) if achieved is not None else None,
+        "precision": precision,
+        "precision_source": precision_source,
+        "peak_tflops": peak,
+        "peak_source": peak_source,
+        "mfu_pct": round(100.0 * achieved / peak, 3) if achieved is not None and peak else None,
+    }
+
+
+def throughput_scalars(report: dict[str, Any], iteration_ms: float) -> dict[str, float]:
+    """``gpuprof/model_tflops`` and ``gpuprof/mfu_pct`` for one iteration after a window.
+
+    The window's FLOPs per iteration over this iteration's wall time (the always-on
+    ``gpuprof/iteration_time_ms``). Empty when the window counted no FLOPs or the time is not
+    positive; no MFU when no peak is known. Cheap: two divisions and a few dict lookups.
+    """
+    section = report.get("throughput")
+    if section is None:
+        section = throughput_section(report)
+    flops = section.get("flops_per_iteration")
+    if not flops or not iteration_ms or iteration_ms <= 0:
+        return {}
+    tflops = flops / (iteration_ms * 1e-3) / 1e12
+    out = {"gpuprof/model_tflops": tflops}
+    peak = section.get("peak_tflops")
+    if peak:
+        out["gpuprof/mfu_pct"] = 100.0 * tflops / peak
+    return out
+
+
+__all__ = ["PEAK_TFLOPS", "compute_precision", "peak_for", "throughput_scalars",
+           "throughput_section"]
