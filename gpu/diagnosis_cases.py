@@ -29,8 +29,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 TORCH_CASES = ["numpy_prep", "tokenize", "pageable", "pinned", "slow_loader", "gpt2_eager",
                "host_sync", "lightning_auto", "resnet50_fp32", "resnet50_tf32", "resnet50_amp",
-               "resnet50_amp_cl"]
-OTHER_CASES = ["keras_jax_small", "jax_host_prep"]
+               "resnet50_amp_cl", "gpt2_tf32", "gpt2_bf16_compile"]
+OTHER_CASES = ["keras_jax_small", "jax_host_prep", "jax_lm_fp32", "jax_lm_tf32", "jax_lm_bf16"]
+LADDER_CASES = ["gpt2_tf32", "gpt2_eager", "gpt2_bf16_compile", "jax_lm_fp32", "jax_lm_tf32",
+                "jax_lm_bf16"]
 WINDOW = (12, 15)
 ITERS = 30
 TIMED = 12
@@ -308,6 +310,33 @@ def case_gpt2_eager(smoke: bool):
                          "autocast": "bfloat16", "what": "eager, small batch"}
 
 
+def case_gpt2_tf32(smoke: bool):
+    """The launch-bound GPT-2 before AMP: FP32 weights, TF32 matmuls."""
+    torch, dev = _torch_setup(smoke)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    batch, seq = (2, 32) if smoke else (4, 256)
+    model = _gpt2(torch, dev, 2 if smoke else 12, 128 if smoke else 768, 4 if smoke else 12,
+                  seq, 50257 if not smoke else 1000)
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=dev)
+    step = _lm_step(torch, dev, model, lambda: ids, None)
+    return model, step, {"model": "gpt2 124M (HF)", "batch": batch, "seq": seq,
+                         "autocast": None, "tf32": True, "what": "eager, small batch, TF32"}
+
+
+def case_gpt2_bf16_compile(smoke: bool):
+    """The launch-bound GPT-2 in bf16 after torch.compile (the compile rung)."""
+    torch, dev = _torch_setup(smoke)
+    batch, seq = (2, 32) if smoke else (4, 256)
+    model = _gpt2(torch, dev, 2 if smoke else 12, 128 if smoke else 768, 4 if smoke else 12,
+                  seq, 50257 if not smoke else 1000)
+    compiled = torch.compile(model)
+    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=dev)
+    step = _lm_step(torch, dev, compiled, lambda: ids, torch.bfloat16)
+    return model, step, {"model": "gpt2 124M (HF), torch.compile", "batch": batch, "seq": seq,
+                         "autocast": "bfloat16", "compiled": True, "what": "compiled"}
+
+
 def case_host_sync(smoke: bool):
     """bf16 MLP that reads loss.item() and eight gradient norms every step."""
     torch, dev = _torch_setup(smoke)
@@ -514,6 +543,62 @@ def run_jax_host_prep(out: str, smoke: bool) -> dict[str, Any]:
             "what": "numpy tanh x30 per batch on the host", "trace_dir": trace_dir}
 
 
+def run_jax_lm(out: str, smoke: bool, precision: str) -> dict[str, Any]:
+    """A jitted JAX MLP language model (embedding, 8 blocks of d=1024, ffn 4096, tied head),
+    batch 8 x 512 tokens; precision: fp32 (matmul precision highest), tf32 (default), bf16."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    d, ffn, layers, vocab, batch, seq = (64, 128, 2, 256, 2, 16) if smoke else \
+        (1024, 4096, 8, 8192, 8, 512)
+    dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
+    rng = np.random.default_rng(0)
+
+    def init(shape: tuple[int, ...]) -> Any:
+        return jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
+
+    params = {"emb": init((vocab, d)),
+              "blocks": [(init((d, ffn)), init((ffn, d))) for _ in range(layers)]}
+    ids = jnp.asarray(rng.integers(0, vocab, (batch, seq)))
+
+    def loss_fn(p: Any) -> Any:
+        cast = jax.tree.map(lambda a: a.astype(dtype), p)
+        h = cast["emb"][ids]
+        for w1, w2 in cast["blocks"]:
+            z = h.astype(jnp.float32)
+            z = (z - z.mean(-1, keepdims=True)) * jax.lax.rsqrt(z.var(-1, keepdims=True) + 1e-5)
+            h = h + jax.nn.gelu(z.astype(dtype) @ w1) @ w2
+        logits = (h @ cast["emb"].T).astype(jnp.float32)
+        return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    @jax.jit
+    def step(p: Any) -> Any:
+        g = jax.grad(loss_fn)(p)
+        return jax.tree.map(lambda a, b: a - 1e-4 * b, p, g)
+
+    ctx = jax.default_matmul_precision("highest" if precision == "fp32" else "default")
+    with ctx:
+        for _ in range(3):
+            params = step(params)
+        jax.block_until_ready(params)
+        t0 = time.perf_counter()
+        for _ in range(TIMED):
+            params = step(params)
+        jax.block_until_ready(params)
+        plain = (time.perf_counter() - t0) * 1e3 / TIMED
+        trace_dir = os.path.join(out, f"jax_lm_{precision}_trace")
+        jax.profiler.start_trace(trace_dir)
+        for s in range(4):
+            with jax.profiler.StepTraceAnnotation("train", step_num=s):
+                params = step(params)
+        jax.block_until_ready(params)
+        jax.profiler.stop_trace()
+    return {"model": f"jax MLP LM {layers}x{d}", "batch": batch, "seq": seq,
+            "precision": precision, "unprofiled_mean_ms": round(plain, 3),
+            "trace_dir": trace_dir}
+
+
 # --------------------------------------------------------------------------- driver
 
 
@@ -534,6 +619,8 @@ def main() -> None:
             meta = run_keras_jax_small(args.out, args.smoke)
         elif args.case == "jax_host_prep":
             meta = run_jax_host_prep(args.out, args.smoke)
+        elif args.case.startswith("jax_lm_"):
+            meta = run_jax_lm(args.out, args.smoke, args.case.removeprefix("jax_lm_"))
         else:
             meta = run_torch_case(args.case, args.out, args.smoke)
         meta["case"] = args.case

@@ -10,6 +10,8 @@ from .. import REPORT_SCHEMA_VERSION, __version__
 from ..errors import EmptyProfileError
 from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
 from .bottleneck import (
+    GLUE_MAX_US,
+    HostTimeline,
     blocking_copy_correlations,
     bottleneck_section,
     gpu_intervals,
@@ -22,6 +24,9 @@ from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+from .recommend import SEVERITY_ORDER
+from .savings import retime
+from .whatif import Replay, SimKernel, build_replay, calibrate
 
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
 COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
@@ -129,12 +134,15 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     idle_attr = {"data_loading": 0.0, "cpu_ops": 0.0, "launch_overhead": 0.0,
                  "synchronization": 0.0, "other": 0.0}
 
+    sim_kernels: list[SimKernel] = []
     for w, acts in zip(windows, per_window, strict=True):
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
         busy_iv = []
         for a, ctx in acts:
             cls, precision, eligible = _kernel_class(a, ctx)
+            sim_kernels.append(SimKernel(a, ctx.launch_us if ctx else None, cls.category,
+                                         precision, cls.uses_tensor_cores, eligible))
             dur = a.dur_us
             busy_iv.append((a.start_us, a.start_us + dur))
             cat = cls.category
@@ -339,7 +347,33 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["recommendations"] = recommend(report)
+    measured = unprofiled_ms or report["iterations"]["mean_ms"]
+    replay = _replay(profile, sim_kernels, host, windows)
+    retime(report["recommendations"], replay, measured,
+           calibrate(replay, measured * len(windows) * 1e3) if unprofiled_ms else 1.0,
+           "un-profiled" if unprofiled_ms else "profiled")
+    report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
+                                                  SEVERITY_ORDER.get(r["severity"], 3)))
     return report
+
+
+def _replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
+            windows: list[IterationWindow]) -> Replay | None:
+    """The window ready for what-if re-timing (analysis/whatif.py)."""
+    if not kernels:
+        return None
+    lo, hi = windows[0].start_us, windows[-1].end_us
+    blocking = blocking_copy_correlations(profile)
+    pageable_h2d = {g.correlation for g in profile.gpu if g.kind != KERNEL
+                    and g.correlation is not None and "Pageable" in g.name
+                    and ("HtoD" in g.name or "H2D" in g.name)}
+    syncs = [(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
+             if lo <= r.start_us < hi and is_sync_call(r.name, r.correlation, blocking)]
+    copy_calls = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
+                           if r.correlation in pageable_h2d])
+    return build_replay(kernels, syncs, data=host.data, sync=host.sync,
+                        framework=host.framework, copy_calls=copy_calls, start_us=lo,
+                        end_us=hi, glue_max_us=GLUE_MAX_US)
 
 
 def _sync_sites(profile: Profile, launches: dict[int, LaunchContext],
