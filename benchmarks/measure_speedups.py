@@ -29,10 +29,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
+import torch
 
-from tb_gpuprof.analysis.classify import classify_kernel  # noqa: E402
-from tb_gpuprof.readers import load_profile  # noqa: E402
+from tb_gpuprof.analysis.classify import classify_kernel
+from tb_gpuprof.readers import load_profile
 
 DEV = "cuda"
 
