@@ -273,10 +273,12 @@ class NvmlBackend:
         try:
             state = self._gpm.get(uuid)
             if state is None:
+                # Stored only once complete: a first sample that fails (NVMLError) leaves no
+                # half-made state behind for the next call to trip over.
                 state = {"base": nv.nvmlGpmSampleAlloc(), "spare": nv.nvmlGpmSampleAlloc()}
-                self._gpm[uuid] = state
                 self._gpm_take(info, state["base"])
                 state["t"] = time.monotonic()
+                self._gpm[uuid] = state
                 return None
             now = time.monotonic()
             if now - state["t"] < GPM_MIN_INTERVAL_S:
