@@ -34,12 +34,13 @@ def rec_ids(rep: dict) -> list[str]:
 
 
 LOOPS = DATA.parent / "h200_loops"  # real loops recorded through our hooks (README.md there)
+LADDERS = DATA.parent / "h200_ladders"  # rungs of the savings ladders (benchmarks/bench_savings)
 
 
 def loop_env(case: str) -> dict:
     """What the hook knew: its system/flags, and the un-profiled iteration time measured beside
     the window (``unprofiled``), as the hook passes it to build_report."""
-    meta = json.loads((LOOPS / f"{case}.env.json").read_text())
+    meta = json.loads((_loop_dir(case) / f"{case}.env.json").read_text())
     env = dict(meta.get("hook_system") or {})
     if meta.get("unprofiled"):
         env["unprofiled"] = meta["unprofiled"]
@@ -48,8 +49,12 @@ def loop_env(case: str) -> dict:
 
 @functools.cache
 def loop_report(case: str, corrected: bool = True) -> dict:
-    path = next(LOOPS.glob(f"{case}.*[bz]"))  # .json.gz or .xplane.pb
+    path = next(_loop_dir(case).glob(f"{case}.*[bz]"))  # .json.gz or .xplane.pb
     env = loop_env(case)
     if not corrected:
         env.pop("unprofiled", None)
     return build_report(load_profile(path), env=env)
+
+
+def _loop_dir(case: str) -> Path:
+    return LOOPS if (LOOPS / f"{case}.env.json").exists() else LADDERS

@@ -95,3 +95,27 @@ def test_profiler_overhead_is_measured_and_flagged_on_the_launch_bound_loop():
 def test_closure_optimizer_phases_are_forward_and_backward():
     ph = loop_report("lightning_auto")["phases"]
     assert ph["backward_ms"] > ph["forward_ms"] > 5 * ph["optimizer_ms"]
+
+
+def _rec(case: str, rid: str) -> dict:
+    return next(r for r in loop_report(case)["recommendations"] if r["id"] == rid)
+
+
+def test_savings_see_what_bounds_the_iteration():
+    # a GPU speed-up on the launch-bound GPT-2 buys (almost) nothing; compiling it does
+    assert "compile" in rec_ids(loop_report("gpt2_tf32"))
+    amp = next((r for r in loop_report("gpt2_tf32")["recommendations"] if r["id"] == "amp"),
+               None)
+    assert amp is None or amp["estimated_saving_pct"] < 10
+    assert _rec("gpt2_bf16", "compile")["estimated_saving_pct"] > 40
+    # on GPU-bound rungs the saving is the kernels' own, and its range brackets it
+    tf32 = _rec("resnet50_fp32", "tf32")
+    low, high = tf32["estimated_range_pct"]
+    assert 40 < low <= tf32["estimated_saving_pct"] <= high < 70
+    assert tf32["severity"] == "high" and "re-timed" in tf32["estimate_basis"]
+
+
+def test_amp_after_tf32_is_counted_from_tf32_speed():
+    recs = loop_report("resnet50_fp32")["recommendations"]
+    assert [r["id"] for r in recs][:2] == ["tf32", "amp"]
+    assert recs[1]["predicted_iteration_ms"] < recs[0]["predicted_iteration_ms"]

@@ -45,6 +45,9 @@ export interface Recommendation {
   fix?: Record<string, string> | null;
   estimated_saving_ms?: Num;
   estimated_saving_pct?: Num;
+  estimated_range_pct?: [number, number] | null;
+  predicted_iteration_ms?: Num;
+  estimate_basis?: string | null;
 }
 
 export interface Report {

@@ -39,14 +39,16 @@ def fix_tf32(v: int) -> Fix:
 
 
 def fix_amp(v: int) -> Fix:
+    """AMP on top of TF32: FP32 math is counted from TF32 speed (the ladder's order), so with
+    TF32 off the estimate is what AMP adds after the ``tf32`` fix (see :func:`retime`)."""
     def factor(k: SimKernel) -> float:
         half = "tf32_to_half_" + (k.category if k.category in MATH else "gemm")
-        if k.uses_tc and k.precision == "tf32":
+        if (k.uses_tc and k.precision == "tf32") or _fp32_simt(k):
             return _f(half, v)
-        if _fp32_simt(k):  # TF32 is not on: FP32 goes to half precision directly
-            return _f(f"fp32_to_tf32_{_math_cat(k)}", v) * _f(half, v)
-        if k.precision == "fp32" and k.category in MEMORY_BOUND:
-            return _f("memory_half", v)
+        if k.precision == "fp32" and k.category == "norm":
+            return _f("memory_half_norm", v)
+        if k.precision == "fp32" and k.category in ("elementwise", "reduction"):
+            return _f("memory_half_elementwise", v)
         return 1.0
     return Fix(kernel_factor=factor, framework_rate=1.0 / _f("amp_dispatch", v))
 
@@ -55,7 +57,8 @@ def fix_channels_last(v: int) -> Fix:
     def factor(k: SimKernel) -> float:
         if k.category == "layout":
             return REMOVED
-        if k.category == "norm" or "pool" in k.act.name.lower():
+        half = k.precision in ("fp16", "bf16")  # where the factor was measured
+        if half and (k.category == "norm" or "pool" in k.act.name.lower()):
             return _f("nchw_to_nhwc_norm", v)
         if k.category == "conv" and k.precision in ("fp16", "bf16"):
             return _f("nchw_to_nhwc_half_conv", v)
@@ -102,14 +105,20 @@ FIXES: dict[str, Callable[[int], Fix]] = {
 def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float,
            host_scale: float, basis: str) -> None:
     """Replace the rules' savings by re-timed ones (in place) and set severity from them."""
+    ids = {r["id"] for r in recs}
     for rec in recs:
         build = FIXES.get(rec["id"])
         if build is None or replay is None or measured_ms <= 0:
             continue
-        typical, low, high = (predicted_ms(replay, build(v), measured_ms, host_scale)
-                              for v in (0, 1, 2))
-        saving = max(measured_ms - typical, 0.0)
-        pcts = sorted(100.0 * max(measured_ms - t, 0.0) / measured_ms for t in (low, high))
+        # AMP follows TF32 when both are recommended: its saving is what it adds after it
+        after = fix_tf32 if rec["id"] == "amp" and "tf32" in ids else None
+        start = ([predicted_ms(replay, after(v), measured_ms, host_scale) for v in (0, 1, 2)]
+                 if after else [measured_ms] * 3)
+        typical, low, high = (predicted_ms(replay, build(v), measured_ms, host_scale,
+                                           after(v) if after else None) for v in (0, 1, 2))
+        saving = max(start[0] - typical, 0.0)
+        pcts = sorted(100.0 * max(s0 - t, 0.0) / measured_ms
+                      for s0, t in ((start[1], low), (start[2], high)))
         rec["estimated_saving_ms"] = round(saving, 3)
         rec["estimated_saving_pct"] = round(100.0 * saving / measured_ms, 1)
         rec["estimated_range_pct"] = [round(pcts[0], 1), round(pcts[1], 1)]

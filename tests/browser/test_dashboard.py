@@ -166,7 +166,12 @@ def test_verdict_and_top_fix_come_first(page, server) -> None:
                bn["verdict"], what="verdict")
     assert verdict.get_attribute("data-bound") == "dispatch"
     top = report["recommendations"][0]
-    assert top["title"] in verdict.locator("[data-testid=verdict-fix]").text_content()
+    fix_text = verdict.locator("[data-testid=verdict-fix]").text_content()
+    assert top["title"] in fix_text
+    low, high = top["estimated_range_pct"]  # the re-timed saving's range is on the first screen
+    assert f"range {round(low)}%–{round(high)}%" in fix_text
+    card = page.locator("[data-testid=recommendation]").first
+    assert top["estimate_basis"] in card.locator("[data-testid=estimate-basis]").text_content()
     # one bar segment per class that holds at least half a percent, widths as the shares
     pct = bn["mean_pct"]  # imported: no un-profiled time to correct with
     shown = {s.get_attribute("data-share") for s in

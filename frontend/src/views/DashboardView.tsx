@@ -71,6 +71,7 @@ function Verdict({ bn, top, report }: { bn: Bottleneck; top: Recommendation | un
         <div class="verdict-fix" data-testid="verdict-fix">
           Top fix: <strong>{top.title}</strong>
           {top.estimated_saving_ms != null ? ` — saves ~${fmtMs(top.estimated_saving_ms)}${top.estimated_saving_pct != null ? ` (${fmtPct(top.estimated_saving_pct, 0)})` : ""} per iteration` : ""}
+          {top.estimated_range_pct ? ` (range ${fmtPct(top.estimated_range_pct[0], 0)}–${fmtPct(top.estimated_range_pct[1], 0)})` : ""}
         </div>
       ) : <div class="verdict-fix" data-testid="verdict-fix">No rule found a fix worth making in this window.</div>}
     </div>
@@ -227,12 +228,14 @@ export function RecommendationCard({ rec, preferred }: { rec: Recommendation; pr
       <div class="head">
         <span class={`badge ${severity}`}>{rec.severity}</span>
         <h3>{rec.title}</h3>
-        <span class="saving">
+        <span class="saving" data-testid="saving" title={rec.estimate_basis ?? ""}>
           {rec.estimated_saving_ms != null ? `saves ~${fmtMs(rec.estimated_saving_ms)}` : ""}
           {rec.estimated_saving_pct != null ? ` (${fmtPct(rec.estimated_saving_pct, 0)})` : ""}
+          {rec.estimated_range_pct ? ` · range ${fmtPct(rec.estimated_range_pct[0], 0)}–${fmtPct(rec.estimated_range_pct[1], 0)}` : ""}
         </span>
       </div>
       <p>{rec.problem}</p>
+      {rec.estimate_basis ? <p class="muted" data-testid="estimate-basis">Estimate: {rec.estimate_basis}.</p> : null}
       {evidence.length ? <KeyValues rows={evidence.map(([k, v]) => [humanize(k), fmtValue(v)])} /> : null}
       {all.length ? (
         <>

@@ -1,0 +1,106 @@
+"""What-if re-timing on synthetic timelines whose answer is known by construction."""
+
+from __future__ import annotations
+
+import pytest
+
+from tb_gpuprof.analysis.intervals import Coverage
+from tb_gpuprof.analysis.savings import (
+    fix_compile,
+    fix_host_sync,
+    fix_input_pipeline,
+    fix_tf32,
+    severity_for,
+)
+from tb_gpuprof.analysis.whatif import (
+    GPU_BOUND_HOST_SCALE,
+    SPEEDUPS,
+    Fix,
+    SimKernel,
+    build_replay,
+    calibrate,
+    predicted_ms,
+)
+from tb_gpuprof.model import GpuActivity
+
+TF32 = SPEEDUPS["fp32_to_tf32_gemm"][0]
+
+
+def gemm(launch: float, start: float, dur: float) -> SimKernel:
+    return SimKernel(GpuActivity("kernel", "sgemm_128x64_nn", start, dur), launch, "gemm",
+                     "fp32", False, True)
+
+
+def replay(kernels, *, framework=(), outside=(), syncs=(), end=None):
+    end = end if end is not None else max(k.act.start_us + k.act.dur_us for k in kernels)
+    # what is not framework time below is op-less: "outside" when long (GLUE_MAX_US = 100)
+    return build_replay(list(kernels), list(syncs), data=Coverage([]),
+                        sync=Coverage(list(syncs)), framework=Coverage(list(framework)),
+                        copy_calls=Coverage([]), start_us=0.0, end_us=end, glue_max_us=100.0)
+
+
+def test_gpu_bound_window_gets_the_kernel_speedup():
+    # the host queues 10 FP32 GEMMs of 1 ms in the first 100 us; they run back to back
+    ks = [gemm(10.0 * i, 100.0 + 1000 * i, 1000.0) for i in range(10)]
+    r = replay(ks, framework=[(0, 100)])
+    assert r.run(Fix()) == pytest.approx(10_100, rel=0.01)
+    pred = predicted_ms(r, fix_tf32(0), 10.1, 1.0)
+    assert pred == pytest.approx((100 + 10_000 / TF32) / 1000, rel=0.05)
+
+
+def test_host_bound_window_gains_nothing_from_a_gpu_fix():
+    # each 10 us GEMM waits for 1 ms of framework dispatch before its launch
+    ks = [gemm(1000.0 * i + 990, 1000.0 * i + 1000, 10.0) for i in range(10)]
+    r = replay(ks, framework=[(0, 10_000)])
+    assert predicted_ms(r, fix_tf32(0), 10.0, 1.0) > 9.9  # < 1% saving
+    compiled = predicted_ms(r, fix_compile(0), 10.0, 1.0)
+    assert compiled == pytest.approx(10.0 / SPEEDUPS["compile_dispatch"][0], rel=0.05)
+
+
+def test_the_bottleneck_moves_to_the_host():
+    # 5 iterations: 500 us of dispatch launches 1000 us of FP32 GEMM; the host runs ahead
+    ks = [gemm(500.0 * (i + 1), 500.0 + 1000 * i, 1000.0) for i in range(5)]
+    r = replay(ks, framework=[(0, 2500)], end=5500)
+    assert r.run(Fix()) == pytest.approx(5500, rel=0.01)
+    # the GPU part shrinks 6.7x, but the host still needs 500 us per iteration
+    pred = predicted_ms(r, fix_tf32(0), 5.5, 1.0)
+    assert pred == pytest.approx(2.5 + 1.0 / TF32, rel=0.05)
+    assert pred > 2.5
+
+
+def test_removing_per_iteration_syncs_lets_host_and_gpu_overlap():
+    # per iteration: 500 us dispatch, launch 500 us of GPU work, block until it is done
+    ks, framework, syncs = [], [], []
+    t = 0.0
+    for _ in range(4):
+        framework.append((t, t + 500))
+        ks.append(gemm(t + 490, t + 500, 500.0))
+        syncs.append((t + 500, t + 1000))
+        t += 1000
+    r = replay(ks, framework=framework, syncs=syncs, end=t)
+    assert r.run(Fix()) == pytest.approx(4000, rel=0.02)
+    assert predicted_ms(r, fix_host_sync(0), 4.0, 1.0) == pytest.approx(2.5, rel=0.05)
+
+
+def test_input_pipeline_moves_host_work_off_the_critical_path():
+    ks = [gemm(2000.0 + 2500 * i, 2010.0 + 2500 * i, 500.0) for i in range(3)]
+    framework = [(2000.0 + 2500 * i, 2010.0 + 2500 * i) for i in range(3)]
+    r = replay(ks, framework=framework, end=7500)  # 2 ms of numpy before each launch
+    pred = predicted_ms(r, fix_input_pipeline(0), 7.5, 1.0)
+    assert pred == pytest.approx(1.5, rel=0.1)
+
+
+def test_calibration_scales_host_time_to_the_unprofiled_period():
+    ks = [gemm(1000.0 * i + 990, 1000.0 * i + 1000, 10.0) for i in range(10)]
+    r = replay(ks, framework=[(0, 10_000)])
+    scale = calibrate(r, 5_000)  # without the profiler the loop ran twice as fast
+    assert r.run(Fix(), scale) == pytest.approx(5_000, rel=0.01)
+    assert scale == pytest.approx(0.5, rel=0.05)
+    gpu_bound = replay([gemm(10.0 * i, 100.0 + 1000 * i, 1000.0) for i in range(10)],
+                       framework=[(0, 100)])
+    assert calibrate(gpu_bound, 10_100) == GPU_BOUND_HOST_SCALE
+
+
+def test_severity_follows_the_saving():
+    assert [severity_for(p) for p in (45.0, 19.0, 9.0, 2.0)] == \
+        ["high", "medium", "medium", "low"]
