@@ -32,6 +32,10 @@ UNPROFILED_WAIT_S = 10.0
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Scalars of iterations after the window wait for its report (FLOPs) at most this many deep.
+MAX_HELD_SCALARS = 10_000
+
+
 class GpuProfWarning(UserWarning):
     """A tb_gpuprof feature failed and was switched off; training goes on."""
 
@@ -183,9 +187,12 @@ class HookCore:
             return
         try:
             while out:
-                step, wall_time, values = out.popleft()
+                step, wall_time, values = out[0]
+                if self._awaiting_report(step) and len(out) < MAX_HELD_SCALARS:
+                    break  # wait for the window's FLOPs: they go with every later iteration
+                out.popleft()
                 if self._on.get("scalars"):  # queued before a failure switched them off
-                    writer.add_scalars(values, step, wall_time)
+                    writer.add_scalars(self._with_throughput(step, values), step, wall_time)
             if self._sampler is not None and self._on.get("nvml"):
                 samples = self._drain_nvml()
                 nv = self._sampler.scalars(samples) if samples else None
@@ -193,6 +200,23 @@ class HookCore:
                     writer.add_scalars(nvml_scalar_tags(nv), max(self.iteration - 1, 0))
         except Exception as e:
             self._fail("scalars", e)
+
+    def _awaiting_report(self, step: int) -> bool:
+        analysis = self._analysis
+        return (self.iter_stop is not None and step >= self.iter_stop and self.report is None
+                and analysis is not None and analysis.is_alive())
+
+    def _with_throughput(self, step: int, values: dict[str, float]) -> dict[str, float]:
+        """After the window: ``gpuprof/model_tflops`` and ``gpuprof/mfu_pct`` of each later
+        iteration, the window's FLOPs per iteration over its period (here, off the training
+        thread)."""
+        report = self.report
+        period = values.get("gpuprof/iteration_time_ms")
+        if report is None or period is None or self.iter_stop is None or step < self.iter_stop:
+            return values
+        from .analysis.throughput import throughput_scalars
+
+        return {**values, **throughput_scalars(report, period)}
 
     def _drain_nvml(self) -> list[Any]:
         """New NVML samples; they are also kept a while for the window's telemetry."""

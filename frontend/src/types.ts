@@ -72,6 +72,7 @@ export interface Report {
     items?: IterationItem[];
   } | null;
   bottleneck?: Bottleneck | null;
+  throughput?: { flops_per_iteration?: Num; achieved_tflops?: Num; peak_tflops?: Num; peak_source?: string | null; mfu_pct?: Num } | null;
   gpu_time_us?: Num;
   kernels?: Kernel[];
   kernels_total?: Num;

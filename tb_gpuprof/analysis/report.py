@@ -350,7 +350,8 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     replay = _replay(profile, sim_kernels, host, windows)
     retime(report["recommendations"], replay, measured,
-           calibrate(replay, measured * len(windows) * 1e3) if unprofiled_ms else 1.0,
+           calibrate(replay, measured * len(windows) * 1e3) if unprofiled_ms and replay
+           else 1.0,
            "un-profiled" if unprofiled_ms else "profiled")
     report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
                                                   SEVERITY_ORDER.get(r["severity"], 3)))

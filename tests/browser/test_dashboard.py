@@ -31,6 +31,9 @@ def test_dashboard_view_shows_the_report(page, server, run) -> None:
     tc = report["tensor_cores"]
     assert page.locator("[data-testid=card-tc] .value").text_content() == \
         fmt_pct(tc["tc_kernel_efficiency_pct"])
+    mfu = (report.get("throughput") or {}).get("mfu_pct")
+    assert page.locator("[data-testid=card-mfu] .value").text_content() == \
+        (fmt_pct(mfu) if mfu is not None else "—")
 
     top = report["kernels"][:10]
     assert column(page, "top-kernels", "name") == [k["name"] for k in top]

@@ -82,6 +82,7 @@ function SummaryCards({ report }: { report: Report }) {
   const it = report.iterations ?? {};
   const util = gpuUtilization(report);
   const tc = report.tensor_cores ?? {};
+  const tp = report.throughput;
   const numbered = (it.items ?? []).some((i) => i.step !== null && i.step !== undefined);
   const range = [it.range && numbered ? `steps ${it.range[0]}–${it.range[1]}` : "", it.method ? `by ${it.method}` : ""].filter(Boolean).join(" · ");
   return (
@@ -90,6 +91,7 @@ function SummaryCards({ report }: { report: Report }) {
       <Card testId="card-count" label="Iterations profiled" value={fmtNum(it.count)} sub={range} />
       <Card testId="card-util" label="GPU utilization" value={fmtPct(util.value)} sub={util.how} />
       <Card testId="card-tc" label="Tensor Core kernel efficiency" value={fmtPct(tc.tc_kernel_efficiency_pct)} sub={`${fmtPct(tc.tc_pct)} of GPU time on Tensor Cores`} />
+      <Card testId="card-mfu" label="MFU" value={fmtPct(num(tp?.mfu_pct))} sub={tp?.achieved_tflops != null ? `${fmtNum(num(tp.achieved_tflops), 1)} TFLOP/s of ${tp.peak_tflops != null ? `${fmtNum(num(tp.peak_tflops), 0)} peak` : "unknown peak"}` : "no FLOPs counted"} />
       <Card testId="card-gputime" label="GPU time" value={fmtUs(report.gpu_time_us)} sub={`${fmtNum(report.kernels_total ?? report.kernels?.length)} distinct kernels`} />
     </div>
   );
