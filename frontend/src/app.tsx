@@ -68,11 +68,32 @@ export function prefetchLastRun(): void {
   if (run) api.report(run, null).catch(() => undefined);
 }
 
-function firstUsable(runs: RunInfo[]): string | null {
-  return (runs.find((r) => r.reports.length && !r.error) ?? runs[0])?.run ?? null;
+/** The run whose latest report was written last (the one the story starts from); ties by name. */
+export function mostRecentRun(runs: RunInfo[]): string | null {
+  let best: RunInfo | null = null;
+  let bestTime = -Infinity;
+  for (const r of runs) {
+    if (!r.reports.length || r.error) continue;
+    const t = Math.max(...r.reports.map((x) => x.wall_time));
+    if (t > bestTime) {
+      best = r;
+      bestTime = t;
+    }
+  }
+  return (best ?? runs[0])?.run ?? null;
 }
 
-function RunPanel({ run, step, tab, dark, open }: { run: RunInfo; step: number | null; tab: Tab; dark: boolean; open: (run: string, tab: Tab) => void }) {
+interface PanelProps {
+  run: RunInfo;
+  step: number | null;
+  tab: Tab;
+  dark: boolean;
+  open: (run: string, tab: Tab) => void;
+  kernelQuery: string;
+  openKernels: (q: string) => void;
+}
+
+function RunPanel({ run, step, tab, dark, open, kernelQuery, openKernels }: PanelProps) {
   const needsReport = tab !== "gpu" && tab !== "distributed" && run.reports.length > 0;
   const report = useAsync<Report>(() => (needsReport || (tab === "gpu" && run.reports.length) ? api.report(run.run, step) : null), [run.run, step, needsReport]);
   if (tab === "gpu") return <GpuView run={run.run} report={report.data} dark={dark} />;
@@ -83,9 +104,9 @@ function RunPanel({ run, step, tab, dark, open }: { run: RunInfo; step: number |
   if (report.error) return <ErrorBox what={`run “${run.run}”`} error={report.error} />;
   if (!report.data) return <Loading what="Loading report" />;
   const r = report.data;
-  if (tab === "kernels") return <KernelsView key={`${run.run}@${step}`} run={run.run} step={step} report={r} />;
+  if (tab === "kernels") return <KernelsView key={`${run.run}@${step}@${kernelQuery}`} run={run.run} step={step} report={r} initialQuery={kernelQuery} />;
   if (tab === "iterations") return <IterationsView report={r} dark={dark} />;
-  return <DashboardView run={run} step={step} report={r} dark={dark} />;
+  return <DashboardView run={run} step={step} report={r} dark={dark} openKernels={openKernels} />;
 }
 
 export function App() {
@@ -94,7 +115,17 @@ export function App() {
   const runs = useAsync(() => api.runs(), [reloads]);
   const [runName, setRunName] = useState<string | null>(null);
   const [step, setStep] = useState<number | null>(null);
-  const [tab, setTab] = useState<Tab>("dashboard");
+  const [tab, setTabState] = useState<Tab>("dashboard");
+  // What the Kernels view opens filtered to (a kernel linked from a recommendation's evidence).
+  const [kernelQuery, setKernelQuery] = useState("");
+  const setTab = (t: Tab) => {
+    setKernelQuery("");
+    setTabState(t);
+  };
+  const openKernels = (q: string) => {
+    setKernelQuery(q);
+    setTabState("kernels");
+  };
 
   const list = runs.data?.runs ?? [];
   // A rank's sub-run, opened from the Distributed view: same window, another tab.
@@ -108,7 +139,7 @@ export function App() {
       const last = storage()?.getItem(LAST_RUN_KEY);
       // A run the user picked between this render and this effect wins over the remembered one.
       setRunName((cur) => (cur && list.some((r) => r.run === cur) ? cur
-        : list.some((r) => r.run === last && !r.error) ? last! : firstUsable(list)));
+        : list.some((r) => r.run === last && !r.error) ? last! : mostRecentRun(list)));
       setStep(null);
     }
   }, [runs.data]);
@@ -153,7 +184,7 @@ export function App() {
         ) : run ? (
           <>
             {run.error && tab !== "gpu" ? <ErrorBox what={`run “${run.run}”`} error={run.error} /> : null}
-            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} open={openRun} /> : null}
+            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} open={openRun} kernelQuery={kernelQuery} openKernels={openKernels} /> : null}
           </>
         ) : null}
       </main>

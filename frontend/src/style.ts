@@ -71,6 +71,22 @@ body.gp-dark-body { background: #303030; }
 .gp .share-bar span { display: block; height: 100%; }
 .gp .share-legend { display: flex; flex-wrap: wrap; gap: 12px; margin: 6px 0 2px; font-size: 12px; }
 .gp .verdict-fix { margin-top: 6px; }
+.gp .first-screen { display: grid; grid-template-columns: minmax(0, 1fr) minmax(300px, 420px); gap: 12px; margin-bottom: 12px; align-items: start; }
+.gp .first-main { min-width: 0; }
+.gp .first-main .verdict { margin-bottom: 8px; }
+.gp .top-fix { border: 1px solid var(--border); border-left: 4px solid var(--high); border-radius: 0 6px 6px 0; padding: 10px 14px; background: var(--panel); margin-top: 0; }
+.gp .top-fix strong { font-size: 15px; }
+.gp .top-fix pre { max-height: 150px; overflow: auto; margin: 4px 0 6px; }
+.gp .saving-strong { color: var(--high); font-weight: 500; }
+.gp .small { font-size: 12px; }
+.gp .key-cards { display: grid; grid-template-columns: 1fr 1fr; gap: 10px; }
+.gp .key-cards .card .value { font-size: 30px; }
+.gp .small-cards .card .value { font-size: 18px; }
+.gp .kernel-links { margin: 0; padding-left: 18px; }
+.gp .kernel-links .trunc { max-width: 640px; }
+.gp .evidence-table { width: auto; font-size: 12px; }
+.gp .evidence-table td, .gp .evidence-table th { padding: 2px 8px; }
+@media (max-width: 900px) { .gp .first-screen { grid-template-columns: 1fr; } }
 .gp .rec { border-left: 3px solid var(--accent); padding: 8px 12px; margin-bottom: 12px; background: var(--panel); border-radius: 0 6px 6px 0; }
 .gp .rec.high { border-left-color: var(--high); } .gp .rec.low { border-left-color: var(--low); }
 .gp .rec .head { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }

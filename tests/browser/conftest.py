@@ -34,7 +34,9 @@ RUN_UNREADABLE = "unreadable"
 RUN_MANY = "many_kernels"
 RUN_OUTLIER = "warmup_outlier"
 RUN_LOOP = "gpt2_eager"  # a launch-bound loop recorded through the hook (tests/data/h200_loops)
-RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE, RUN_OUTLIER, RUN_LOOP)
+RUN_SYNC = "host_sync"  # per-iteration .item() syncs (tests/data/h200_loops): evidence as a table
+RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE, RUN_OUTLIER, RUN_LOOP,
+        RUN_SYNC)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -107,6 +109,8 @@ def browser_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_warmup_outlier_run(logdir / RUN_OUTLIER)
     run_cli("import", str(REPO / "tests" / "data" / "h200_loops" / "gpt2_eager.json.gz"),
             "--logdir", str(logdir), "--run", RUN_LOOP)
+    run_cli("import", str(REPO / "tests" / "data" / "h200_loops" / "host_sync.json.gz"),
+            "--logdir", str(logdir), "--run", RUN_SYNC)
     record_fake_telemetry(logdir / RUN_KINETO)
     write_unreadable_run(logdir / RUN_UNREADABLE)
     return logdir

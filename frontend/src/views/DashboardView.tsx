@@ -6,6 +6,7 @@ import { COLORS, Chart } from "../charts";
 import { Card, Empty, ErrorBox, KeyValues, Loading, Panel, useAsync } from "../components";
 import { DASH, fmtMs, fmtNum, fmtPct, fmtUs, fmtValue, humanize } from "../format";
 import { KernelTable, TOP_COLUMNS } from "../kernelTable";
+import { Evidence, type OpenKernels } from "../evidence";
 import type { Bottleneck, Num, Recommendation, Report, RunInfo } from "../types";
 
 export const ITER_TAG = "gpuprof/iteration_time_ms";
@@ -15,6 +16,7 @@ interface Props {
   step: number | null;
   report: Report;
   dark: boolean;
+  openKernels?: OpenKernels;
 }
 
 const num = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
@@ -43,8 +45,25 @@ export const BOUND_PARTS: [string, string, string][] = [
   ["sync", "Synchronization", COLORS.idle],
 ];
 
-/** What bounds the iteration, first: the verdict, the shares as one bar, the top fix. */
-function Verdict({ bn, top, report }: { bn: Bottleneck; top: Recommendation | undefined; report: Report }) {
+/** The fix for the run's framework: TensorFlow runs take the Keras fix; else the first one given. */
+export function preferredFix(rec: Recommendation, framework: string): [string, string] | null {
+  const fix = rec.fix ?? {};
+  const want = framework === "tensorflow" ? "keras" : framework;
+  const key = fix[want] ? want : FRAMEWORKS.map(([k]) => k).find((k) => fix[k]) ?? Object.keys(fix)[0];
+  return key && fix[key] ? [key, fix[key]] : null;
+}
+
+const frameworkLabel = (key: string): string => FRAMEWORKS.find(([k]) => k === key)?.[1] ?? key;
+
+function savingText(rec: Recommendation): string {
+  const parts: string[] = [];
+  if (rec.estimated_saving_ms != null) parts.push(`saves ~${fmtMs(rec.estimated_saving_ms)}${rec.estimated_saving_pct != null ? ` (${fmtPct(rec.estimated_saving_pct, 0)})` : ""} per iteration`);
+  if (rec.estimated_range_pct) parts.push(`(range ${fmtPct(rec.estimated_range_pct[0], 0)}–${fmtPct(rec.estimated_range_pct[1], 0)})`);
+  return parts.join(" ");
+}
+
+/** What bounds the iteration, first: the verdict and the shares as one bar. */
+function Verdict({ bn, report }: { bn: Bottleneck; report: Report }) {
   const pct = bn.corrected_pct ?? bn.mean_pct;
   const ms = bn.corrected_ms ?? bn.mean_ms;
   const parts = BOUND_PARTS.filter(([k]) => (pct[k] ?? 0) >= 0.5);
@@ -59,7 +78,7 @@ function Verdict({ bn, top, report }: { bn: Bottleneck; top: Recommendation | un
       </div>
       <div class="share-legend">
         {parts.map(([k, label, color]) => (
-          <span key={k}><span class="legend-dot" style={{ background: color }} />{label} {fmtPct(pct[k])}</span>
+          <span key={k}><span class="legend-dot" style={{ background: color }} />{label} {fmtPct(pct[k])} ({fmtMs(ms[k])})</span>
         ))}
       </div>
       <div class="muted">
@@ -67,31 +86,73 @@ function Verdict({ bn, top, report }: { bn: Bottleneck; top: Recommendation | un
           ? `on the un-profiled ${fmtMs(it.unprofiled_median_ms)} iteration (the profiler slowed the window ${fmtNum(it.profiler_overhead_ratio, 2)}x)`
           : bn.note ?? ""}
       </div>
-      {top ? (
-        <div class="verdict-fix" data-testid="verdict-fix">
-          Top fix: <strong>{top.title}</strong>
-          {top.estimated_saving_ms != null ? ` — saves ~${fmtMs(top.estimated_saving_ms)}${top.estimated_saving_pct != null ? ` (${fmtPct(top.estimated_saving_pct, 0)})` : ""} per iteration` : ""}
-          {top.estimated_range_pct ? ` (range ${fmtPct(top.estimated_range_pct[0], 0)}–${fmtPct(top.estimated_range_pct[1], 0)})` : ""}
-        </div>
-      ) : <div class="verdict-fix" data-testid="verdict-fix">No rule found a fix worth making in this window.</div>}
     </div>
   );
 }
 
+/** The top recommendation with its saving, its range and its fix for the run's framework. */
+function TopFix({ top, framework, more, openRecs }: { top: Recommendation | undefined; framework: string; more: number; openRecs: () => void }) {
+  if (!top) return <div class="verdict-fix top-fix" data-testid="verdict-fix">No rule found a fix worth making in this window.</div>;
+  const fix = preferredFix(top, framework);
+  return (
+    <div class="verdict-fix top-fix" data-testid="verdict-fix">
+      <div>
+        <span class="muted">Top fix: </span><strong data-testid="top-fix-title">{top.title}</strong>
+        {" "}<span class="saving-strong" data-testid="top-fix-saving">{savingText(top)}</span>
+      </div>
+      {fix ? (
+        <>
+          <div class="muted small">Fix for {frameworkLabel(fix[0])}:</div>
+          <pre data-testid="top-fix-code" data-framework={fix[0]}>{fix[1]}</pre>
+        </>
+      ) : null}
+      <a href="#recommendations" data-testid="all-recs-link" onClick={(e) => { e.preventDefault(); openRecs(); }}>
+        {more > 0 ? `why, and ${more} more ${more === 1 ? "recommendation" : "recommendations"} below` : "why: evidence below"}
+      </a>
+    </div>
+  );
+}
+
+/** Share of the window's wall time in which some kernel, copy or collective ran. */
+export function gpuBusy(report: Report): number | null {
+  const b = report.breakdown ?? {};
+  const busy = num(b.gpu_busy_us);
+  const wall = num(b.wall_us);
+  return busy !== null && wall ? (100 * busy) / wall : null;
+}
+
+/** The four numbers of the first screen: iteration time, GPU busy, Tensor Core share, MFU. */
+function KeyCards({ report }: { report: Report }) {
+  const it = report.iterations ?? {};
+  const tc = report.tensor_cores ?? {};
+  const tp = report.throughput;
+  const b = report.breakdown ?? {};
+  const unprofiled = num(it.unprofiled_median_ms);
+  return (
+    <div class="key-cards" data-testid="key-cards">
+      {unprofiled !== null ? (
+        <Card testId="card-iter" label="Iteration time" value={fmtMs(unprofiled)} sub={`un-profiled median · ${fmtMs(it.median_ms)} while profiled`} />
+      ) : (
+        <Card testId="card-iter" label="Avg iteration time" value={fmtMs(it.mean_ms)} sub={`profiled · median ${fmtMs(it.median_ms)} · p95 ${fmtMs(it.p95_ms)}`} />
+      )}
+      <Card testId="card-busy" label="GPU busy" value={fmtPct(gpuBusy(report))} sub={`${fmtUs(num(b.gpu_busy_us))} of ${fmtUs(num(b.wall_us))} wall time`} />
+      <Card testId="card-tc" label="GPU time on Tensor Cores" value={fmtPct(tc.tc_pct)} sub={`Tensor Core kernels run at ${fmtPct(tc.tc_kernel_efficiency_pct)} efficiency`} />
+      <Card testId="card-mfu" label="MFU" value={fmtPct(num(tp?.mfu_pct))} sub={tp?.achieved_tflops != null ? `${fmtNum(num(tp.achieved_tflops), 1)} TFLOP/s of ${tp.peak_tflops != null ? `${fmtNum(num(tp.peak_tflops), 0)} peak` : "unknown peak"}` : "no FLOPs counted"} />
+    </div>
+  );
+}
+
+/** The rest of the summary numbers, small, below the first screen. */
 function SummaryCards({ report }: { report: Report }) {
   const it = report.iterations ?? {};
   const util = gpuUtilization(report);
-  const tc = report.tensor_cores ?? {};
-  const tp = report.throughput;
   const numbered = (it.items ?? []).some((i) => i.step !== null && i.step !== undefined);
   const range = [it.range && numbered ? `steps ${it.range[0]}–${it.range[1]}` : "", it.method ? `by ${it.method}` : ""].filter(Boolean).join(" · ");
   return (
-    <div class="cards" data-testid="summary-cards">
-      <Card testId="card-iter" label="Avg iteration time" value={fmtMs(it.mean_ms)} sub={`median ${fmtMs(it.median_ms)} · p95 ${fmtMs(it.p95_ms)}`} />
+    <div class="cards small-cards" data-testid="summary-cards">
       <Card testId="card-count" label="Iterations profiled" value={fmtNum(it.count)} sub={range} />
+      <Card testId="card-profiled" label="Profiled iteration" value={fmtMs(it.mean_ms)} sub={`mean · median ${fmtMs(it.median_ms)} · p95 ${fmtMs(it.p95_ms)}`} />
       <Card testId="card-util" label="GPU utilization" value={fmtPct(util.value)} sub={util.how} />
-      <Card testId="card-tc" label="Tensor Core kernel efficiency" value={fmtPct(tc.tc_kernel_efficiency_pct)} sub={`${fmtPct(tc.tc_pct)} of GPU time on Tensor Cores`} />
-      <Card testId="card-mfu" label="MFU" value={fmtPct(num(tp?.mfu_pct))} sub={tp?.achieved_tflops != null ? `${fmtNum(num(tp.achieved_tflops), 1)} TFLOP/s of ${tp.peak_tflops != null ? `${fmtNum(num(tp.peak_tflops), 0)} peak` : "unknown peak"}` : "no FLOPs counted"} />
       <Card testId="card-gputime" label="GPU time" value={fmtUs(report.gpu_time_us)} sub={`${fmtNum(report.kernels_total ?? report.kernels?.length)} distinct kernels`} />
     </div>
   );
@@ -218,11 +279,11 @@ function Breakdown({ report, dark }: { report: Report; dark: boolean }) {
 
 const FRAMEWORKS: [string, string][] = [["pytorch", "PyTorch"], ["keras", "Keras"], ["jax", "JAX"]];
 
-export function RecommendationCard({ rec, preferred }: { rec: Recommendation; preferred: string }) {
+export function RecommendationCard({ rec, preferred, openKernels }: { rec: Recommendation; preferred: string; openKernels?: OpenKernels }) {
   const fixes = FRAMEWORKS.filter(([k]) => rec.fix?.[k]);
   const extra = Object.keys(rec.fix ?? {}).filter((k) => !FRAMEWORKS.some(([f]) => f === k)).map((k): [string, string] => [k, k]);
   const all = [...fixes, ...extra];
-  const [tab, setTab] = useState(all.some(([k]) => k === preferred) ? preferred : all[0]?.[0] ?? "");
+  const [tab, setTab] = useState(preferredFix(rec, preferred)?.[0] ?? "");
   const severity = ["high", "medium", "low"].includes(rec.severity) ? rec.severity : "medium";
   const evidence = Object.entries(rec.evidence ?? {});
   return (
@@ -238,7 +299,7 @@ export function RecommendationCard({ rec, preferred }: { rec: Recommendation; pr
       </div>
       <p>{rec.problem}</p>
       {rec.estimate_basis ? <p class="muted" data-testid="estimate-basis">Estimate: {rec.estimate_basis}.</p> : null}
-      {evidence.length ? <KeyValues rows={evidence.map(([k, v]) => [humanize(k), fmtValue(v)])} /> : null}
+      {evidence.length ? <Evidence evidence={rec.evidence ?? {}} open={openKernels} /> : null}
       {all.length ? (
         <>
           <div class="subtabs" role="tablist">
@@ -273,15 +334,25 @@ export function systemRows(system: Record<string, unknown>): [string, string][] 
   return rows;
 }
 
-export function DashboardView({ run, step, report, dark }: Props) {
+export function DashboardView({ run, step, report, dark, openKernels }: Props) {
   const top = (report.kernels ?? []).slice(0, 10);
   const recs = report.recommendations ?? [];
   const framework = String(report.system?.framework ?? "pytorch").toLowerCase();
+  const openRecs = () => document.querySelector("[data-testid=panel-recommendations]")?.scrollIntoView({ behavior: "smooth" });
   return (
     <div data-testid="view-dashboard">
-      {report.bottleneck ? <Verdict bn={report.bottleneck} top={recs[0]} report={report} /> : null}
+      <div class="first-screen" data-testid="first-screen">
+        <div class="first-main">
+          {report.bottleneck ? <Verdict bn={report.bottleneck} report={report} /> : null}
+          <TopFix top={recs[0]} framework={framework} more={recs.length - 1} openRecs={openRecs} />
+        </div>
+        <KeyCards report={report} />
+      </div>
       {(report.warnings ?? []).map((w) => <div class="warn" key={w}>⚠ {w}</div>)}
       <SummaryCards report={report} />
+      <Panel title="Recommendations" testId="panel-recommendations">
+        {recs.length ? recs.map((r) => <RecommendationCard key={r.id} rec={r} preferred={framework} openKernels={openKernels} />) : <Empty>no recommendations: nothing obvious to change</Empty>}
+      </Panel>
       <Panel title="Iteration time" testId="panel-iterations">
         <IterationChart run={run} report={report} dark={dark} />
       </Panel>
@@ -292,9 +363,6 @@ export function DashboardView({ run, step, report, dark }: Props) {
         <Panel title="Tensor Core usage" testId="panel-tc"><TensorCorePie report={report} dark={dark} /></Panel>
         <Panel title="GPU time breakdown" testId="panel-breakdown"><Breakdown report={report} dark={dark} /></Panel>
       </div>
-      <Panel title="Recommendations" testId="panel-recommendations">
-        {recs.length ? recs.map((r) => <RecommendationCard key={r.id} rec={r} preferred={framework} />) : <Empty>no recommendations: nothing obvious to change</Empty>}
-      </Panel>
       <Panel title="System" testId="panel-system">
         {report.system ? <KeyValues testId="system" rows={systemRows(report.system)} /> : <Empty>{DASH}</Empty>}
         {report.source ? <div class="muted" style={{ marginTop: "8px" }}>source: {report.source.path ?? DASH} ({report.source.format ?? "?"}, {fmtNum(report.source.events)} events) · {report.generator ?? ""}</div> : null}

@@ -14,13 +14,15 @@ interface Props {
   run: string;
   step: number | null;
   report: Report;
+  /** Search text to open with (a kernel name linked from the dashboard). */
+  initialQuery?: string;
 }
 
-export function KernelsView({ run, step, report }: Props) {
+export function KernelsView({ run, step, report, initialQuery = "" }: Props) {
   const [sort, setSort] = useState("total_us");
   const [order, setOrder] = useState<"asc" | "desc">("desc");
-  const [text, setText] = useState("");
-  const [q, setQ] = useState("");
+  const [text, setText] = useState(initialQuery);
+  const [q, setQ] = useState(initialQuery.trim());
   const [category, setCategory] = useState("");
   const [tc, setTc] = useState("");
   const [precision, setPrecision] = useState("");
