@@ -85,15 +85,40 @@ def test_iterations_view_has_one_bar_group_per_iteration(page, server) -> None:
     screenshot(page, "iterations")
 
 
-def test_gpu_view_plots_telemetry_and_topology(page, server) -> None:
+KEY_CHARTS = ("sm", "tensor", "dram", "power", "memory", "clocks")
+
+
+def test_gpu_view_is_curated_key_charts_then_all_metrics(page, server) -> None:
     tel = server.route("telemetry", run=RUN_KINETO)
     assert tel["series"], "the fixture run should hold NVML scalars"
+    by_metric: dict[str, list] = {}
+    for key, points in tel["series"].items():
+        by_metric.setdefault(key.split("/", 1)[1], []).extend(p[2] for p in points)
+    flat = {m for m, vs in by_metric.items() if not any(v != 0 for v in vs)}
+    assert flat, "the fake GPUs report some metrics as zero (encoder, decoder)"
     select_run(page, RUN_KINETO)
     open_tab(page, "gpu")
-    page.wait_for_selector("[data-testid=view-gpu]")
-    metrics = sorted({key.split("/", 1)[1] for key in tel["series"]})
-    for metric in metrics:
-        assert page.locator(f'[data-testid="telemetry-{metric}"] canvas').count() >= 1, metric
+    page.wait_for_selector("[data-testid=key-charts]")
+    panels = page.locator("[data-testid=key-charts] > section")
+    ids = [p.get_attribute("data-testid").removeprefix("key-chart-") for p in panels.all()]
+    assert ids == [c for c in KEY_CHARTS if c in ids] and {"sm", "power", "memory"} <= set(ids)
+    in_key = set()
+    for p in panels.all():
+        assert p.locator("canvas").count() >= 1
+        in_key |= set(p.locator("[data-metrics]").get_attribute("data-metrics").split(","))
+    assert "sm_util_pct" in in_key and "power_limit_w" in in_key
+    # always-zero metrics are named, not drawn; the rest is one click away
+    hidden = page.locator("[data-testid=hidden-metrics]").get_attribute("data-metrics").split(",")
+    assert set(hidden) == flat - in_key
+    assert page.locator("[data-testid=all-metrics] canvas").count() == 0
+    page.click("[data-testid=all-metrics-toggle]")
+    rest = sorted(set(by_metric) - in_key - flat)
+    for metric in rest:
+        chart = page.locator(f'[data-testid="telemetry-{metric}"]')
+        eventually(lambda c=chart: c.locator("canvas").count() >= 1, True, what=metric)
+        assert "_" not in chart.locator("h2").text_content(), metric  # a human label
+    for metric in flat - in_key:
+        assert page.locator(f'[data-testid="telemetry-{metric}"]').count() == 0
     topo = tel["topology"]
     head = page.locator("[data-testid=topology] thead th").all_text_contents()
     assert head[1:1 + len(topo["labels"])] == topo["labels"]
