@@ -235,3 +235,29 @@ def test_kernels_sort_puts_missing_values_last(client, gpuprof_logdir):
         present = [v for v in values if v is not None]
         assert values == present + [None] * (len(values) - len(present))
         assert present == sorted(present, reverse=order == "desc")
+
+
+def test_timeline_route_merges_to_the_width_and_details_an_event(client):
+    status, body = get_json(client, "/timeline", run="kineto", width=300)
+    assert status == 200, body
+    bars = body["bars"]
+    assert sum(bars["count"]) == body["events"] > 0
+    per_lane: dict[tuple[int, int], int] = {}
+    for row, lane in zip(bars["row"], bars["lane"], strict=True):
+        per_lane[(row, lane)] = per_lane.get((row, lane), 0) + 1
+    assert max(per_lane.values()) <= 301
+    end = body["span_us"] / 50
+    status, zoomed = get_json(client, "/timeline", run="kineto", width=2000, start_us=0,
+                              end_us=end)
+    assert status == 200 and zoomed["end_us"] == end
+    single = next(i for i in zoomed["bars"]["id"] if i >= 0)
+    status, detail = get_json(client, "/timeline", run="kineto", event=single)
+    assert status == 200 and detail["event"]["id"] == single
+    for params, needle in (({"width": 0}, "width"), ({"width": 10, "start_us": 5, "end_us": 1},
+                                                      "greater"),
+                           ({"width": 10, "start_us": "x"}, "number"),
+                           ({"event": 10**9}, "no event")):
+        status, body = get_json(client, "/timeline", run="kineto", **params)
+        assert status == 400 and needle in body["error"], (params, body)
+    status, body = get_json(client, "/timeline", run=WINDOW_RUN, width=10)
+    assert status == 404 and "raw trace" in body["error"]

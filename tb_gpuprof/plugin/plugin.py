@@ -31,6 +31,7 @@ SCALARS_PLUGIN = "scalars"
 SCALAR_POINTS = 5000
 DEFAULT_BLOB_SAMPLES = 100
 REPORT_CACHE_SIZE = 16
+TIMELINE_CACHE_SIZE = 2  # indexes of a 1M-event window take a few hundred MB each
 ACTIVE_CACHE_SECS = 10.0
 _TRACE_DIR_RE = re.compile(r"^step_(\d+)(?:\.rank(\d+))?$")
 _RANK_RUN_RE = re.compile(r"^(?:(.+)/)?rank(\d+)$")  # the sub-run a rank r > 0 writes into
@@ -99,6 +100,8 @@ class GpuProfPlugin(base_plugin.TBPlugin):
         self._reports: OrderedDict[tuple, CachedReport] = OrderedDict()
         self._errors: dict[tuple, str | None] = {}  # decode outcome per stored report
         self._active: tuple[float, bool] = (0.0, False)
+        self._timelines: OrderedDict[tuple, Any] = OrderedDict()
+        self._timeline_lock = threading.Lock()  # one trace parsed at a time
 
     # -- TBPlugin -----------------------------------------------------------------------------
 
@@ -361,6 +364,26 @@ class GpuProfPlugin(base_plugin.TBPlugin):
                         and not os.path.islink(path) and _inside(path, root)):
                     return path
         raise HttpError(404, f"run {run!r} has no raw trace for step {step}")
+
+
+    # -- timeline -----------------------------------------------------------------------------
+
+    def timeline(self, path: str, report: dict[str, Any], report_key: float) -> Any:
+        """The TimelineIndex of a window's raw trace, parsed once and kept for the next pans."""
+        from ..readers import load_profile
+        from .timeline import TimelineIndex
+
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size, report_key)
+        with self._timeline_lock:
+            index = self._timelines.get(key)
+            if index is None:
+                index = TimelineIndex(load_profile(path), report)
+                self._timelines[key] = index
+                while len(self._timelines) > TIMELINE_CACHE_SIZE:
+                    self._timelines.popitem(last=False)
+            self._timelines.move_to_end(key)
+            return index
 
 
 def _inside(path: str, root: str) -> bool:

@@ -168,6 +168,38 @@ def _trace(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str)
     return response
 
 
+def _parse_float(value: str | None, name: str) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        raise views.BadParam(f"{name} must be a number, got {value!r}") from None
+    if x != x or x in (float("inf"), float("-inf")):
+        raise views.BadParam(f"{name} must be a finite number, got {value!r}")
+    return x
+
+
+def _timeline(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    from .timeline import MAX_WIDTH, TimelineError
+
+    run = _required(request, "run")
+    ref = _ref(plugin, request, ctx, eid, run)
+    report = plugin.load_report(ctx, eid, ref).report
+    path = plugin.trace_file(run, ref.step, views.parse_int(request.args.get("rank"), "rank", None))
+    index = plugin.timeline(path, report, ref.wall_time)
+    try:
+        event = views.parse_int(request.args.get("event"), "event", None)
+        if event is not None:
+            return {"run": run, "step": ref.step, "event": index.event(event)}
+        width = views.parse_int(_required(request, "width"), "width", None, lo=1, hi=MAX_WIDTH)
+        window = index.window(_parse_float(request.args.get("start_us"), "start_us"),
+                              _parse_float(request.args.get("end_us"), "end_us"), width or 1)
+    except TimelineError as e:
+        raise views.BadParam(str(e)) from None
+    return {"run": run, "step": ref.step, **window}
+
+
 def _static_file(rel: str) -> str | None:
     """A file under tb_gpuprof/static/ named by a request path, never anything outside it."""
     parts = [p for p in rel.split("/") if p]
@@ -220,6 +252,7 @@ ROUTES: dict[str, Handler] = {
     "/telemetry": _telemetry,
     "/distributed": _distributed,
     "/trace": _trace,
+    "/timeline": _timeline,
     "/index.js": _index_js,
     "/*": _static,  # other dashboard assets, e.g. /static/app.css
 }

@@ -1,0 +1,209 @@
+"""The window's timeline at a requested level of detail (the /timeline route).
+
+A trace holds up to millions of events; the browser never gets them all. The index built once
+per trace file keeps, per lane (a CPU thread's nesting depth or a GPU stream), the events'
+start/end times as sorted numpy arrays. A request names a time range and a pixel width: the
+events of the range are merged wherever the gap between them is under one pixel, so the answer
+holds at most about ``width`` bars per lane whatever the zoom. A bar of one event carries its id
+(``event()`` gives its op, stack, shapes and FLOPs); a merged bar carries its count and the name
+of its longest event.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..model import KERNEL, CpuOp, GpuActivity, Profile, RuntimeCall
+
+MAX_WIDTH = 8192
+MAX_DEPTH = 12  # CPU nesting levels drawn; deeper ops fold into the last lane
+_NCCL = re.compile(r"nccl", re.IGNORECASE)
+
+# Bar categories (the frontend colours them).
+CAT_OP, CAT_RUNTIME, CAT_KERNEL, CAT_MEMCPY, CAT_MEMSET, CAT_NCCL = range(6)
+CATEGORIES = ["op", "runtime", "kernel", "memcpy", "memset", "nccl"]
+# Columns of the answer's "bars" (one list each): row, lane (CPU nesting depth), start/end
+# (µs from the window start), count of merged events, category, index into "names", and the
+# event id of a single-event bar (-1 for a merged one).
+BAR_FIELDS = ("row", "lane", "start", "end", "count", "cat", "name", "id")
+
+
+class TimelineError(ValueError):
+    """A request the timeline cannot answer (bad range or width)."""
+
+
+@dataclass(slots=True)
+class _Lane:
+    row: int
+    depth: int
+    start: np.ndarray  # µs from the window start, sorted
+    end: np.ndarray  # running maximum of the ends: a bisectable bound for range queries
+    dur: np.ndarray
+    ids: np.ndarray  # index into TimelineIndex.events
+
+
+def _gpu_category(a: GpuActivity) -> int:
+    if a.kind == KERNEL:
+        return CAT_NCCL if _NCCL.search(a.name) else CAT_KERNEL
+    return CAT_MEMCPY if a.kind == "memcpy" else CAT_MEMSET
+
+
+def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Nesting level of each event of one thread (sorted by start, longer first on ties)."""
+    depth = np.zeros(len(starts), dtype=np.int32)
+    stack: list[float] = []
+    for i in range(len(starts)):
+        s = starts[i]
+        while stack and stack[-1] <= s:
+            stack.pop()
+        depth[i] = min(len(stack), MAX_DEPTH - 1)
+        stack.append(ends[i])
+    return depth
+
+
+class TimelineIndex:
+    """Rows (CPU threads, GPU streams) of one profiled window, ready for range queries."""
+
+    def __init__(self, profile: Profile, report: dict[str, Any] | None = None) -> None:
+        host: list[CpuOp | RuntimeCall] = [*profile.cpu_ops, *profile.runtime]
+        self.events: list[Any] = [*host, *profile.gpu]
+        cats = [CAT_OP] * len(profile.cpu_ops) + [CAT_RUNTIME] * len(profile.runtime)
+        self.categories = np.array(cats + [_gpu_category(a) for a in profile.gpu], dtype=np.int8)
+        times = [e.start_us for e in self.events]
+        self.t0 = min(times) if times else 0.0
+        self.t1 = max((e.start_us + e.dur_us for e in self.events), default=self.t0)
+        self.rows: list[dict[str, Any]] = []
+        self.lanes: list[_Lane] = []
+        self._by_external: dict[int, CpuOp] = {op.external_id: op for op in profile.cpu_ops
+                                               if op.external_id is not None}
+        self._add_host_rows(host)
+        self._add_gpu_rows(profile.gpu, len(host))
+        self.iterations = iteration_marks(report or {}, self.t0)
+
+    def _add_lanes(self, row: int, ids: np.ndarray, depth: np.ndarray | None) -> None:
+        starts = np.array([self.events[i].start_us for i in ids], dtype=np.float64) - self.t0
+        durs = np.array([max(self.events[i].dur_us, 0.0) for i in ids], dtype=np.float64)
+        order = np.lexsort((-durs, starts))
+        ids, starts, durs = ids[order], starts[order], durs[order]
+        if depth is None:
+            depth = _depths(starts, starts + durs)
+        for d in np.unique(depth):
+            sel = depth == d
+            s, du = starts[sel], durs[sel]
+            self.lanes.append(_Lane(row, int(d), s, np.maximum.accumulate(s + du), du, ids[sel]))
+        self.rows[row]["lanes"] = int(depth.max()) + 1 if len(depth) else 1
+
+    def _add_host_rows(self, host: list[CpuOp | RuntimeCall]) -> None:
+        by_tid: dict[int, list[int]] = {}
+        for i, e in enumerate(host):
+            by_tid.setdefault(e.tid, []).append(i)
+        for tid in sorted(by_tid):
+            self.rows.append({"id": len(self.rows), "kind": "cpu", "label": f"CPU thread {tid}",
+                              "events": len(by_tid[tid])})
+            self._add_lanes(len(self.rows) - 1, np.array(by_tid[tid], dtype=np.int64), None)
+
+    def _add_gpu_rows(self, gpu: list[GpuActivity], offset: int) -> None:
+        by_stream: dict[tuple[int, int], list[int]] = {}
+        for i, a in enumerate(gpu):
+            by_stream.setdefault((a.device, a.stream), []).append(offset + i)
+        for device, stream in sorted(by_stream):
+            ids = np.array(by_stream[(device, stream)], dtype=np.int64)
+            self.rows.append({"id": len(self.rows), "kind": "gpu",
+                              "label": f"GPU {device} stream {stream}", "events": len(ids)})
+            # a stream runs one thing at a time: one lane (overlaps, if any, merge)
+            self._add_lanes(len(self.rows) - 1, ids, np.zeros(len(ids), dtype=np.int32))
+
+    def window(self, start_us: float | None, end_us: float | None, width: int) -> dict[str, Any]:
+        """Bars of [start_us, end_us] (µs from the window start) merged to ``width`` pixels."""
+        span = self.t1 - self.t0
+        lo = 0.0 if start_us is None else float(start_us)
+        hi = span if end_us is None else float(end_us)
+        if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= lo:
+            raise TimelineError("end_us must be greater than start_us")
+        if not 1 <= width <= MAX_WIDTH:
+            raise TimelineError(f"width must be between 1 and {MAX_WIDTH} pixels")
+        px = (hi - lo) / width
+        names: dict[str, int] = {}
+        out: dict[str, list] = {k: [] for k in BAR_FIELDS}
+        for lane in self.lanes:
+            self._merge(lane, lo, hi, px, names, out)
+        return {"t0_us": self.t0, "span_us": span, "start_us": lo, "end_us": hi, "width": width,
+                "px_us": px, "rows": self.rows, "categories": CATEGORIES, "names": list(names),
+                "bars": out, "events": len(self.events), "iterations": self.iterations}
+
+    def _merge(self, lane: _Lane, lo: float, hi: float, px: float, names: dict[str, int],
+               out: dict[str, list]) -> None:
+        i0 = int(np.searchsorted(lane.end, lo, side="left"))
+        i1 = int(np.searchsorted(lane.start, hi, side="right"))
+        if i1 <= i0:
+            return
+        s, d, ids = lane.start[i0:i1], lane.dur[i0:i1], lane.ids[i0:i1]
+        e = s + d
+        spx = np.floor((s - lo) / px)
+        epx = np.floor((np.maximum.accumulate(e) - lo) / px)
+        # a new bar where an event starts in a later pixel than everything before it ended
+        new = np.empty(len(s), dtype=bool)
+        new[0] = True
+        new[1:] = spx[1:] > epx[:-1]
+        first = np.flatnonzero(new)
+        count = np.diff(np.append(first, len(s)))
+        group = np.cumsum(new) - 1
+        gend = np.maximum.reduceat(e, first)
+        # the longest event of each bar names it
+        order = np.lexsort((-d, group))
+        longest = order[np.searchsorted(group[order], np.arange(len(first)))]
+        for j in ids[longest].tolist():
+            out["name"].append(names.setdefault(self.events[j].name, len(names)))
+        out["row"].extend([lane.row] * len(first))
+        out["lane"].extend([lane.depth] * len(first))
+        out["start"].extend(np.round(s[first], 3).tolist())
+        out["end"].extend(np.round(gend, 3).tolist())
+        out["count"].extend(count.tolist())
+        out["cat"].extend(self.categories[ids[longest]].tolist())
+        out["id"].extend(np.where(count == 1, ids[longest], -1).tolist())
+
+    def event(self, event_id: int) -> dict[str, Any]:
+        """One event's details: for a GPU activity, also the op that launched it."""
+        if not 0 <= event_id < len(self.events):
+            raise TimelineError(f"no event {event_id} in this window")
+        ev = self.events[event_id]
+        out: dict[str, Any] = {"id": event_id, "name": ev.name,
+                               "category": CATEGORIES[int(self.categories[event_id])],
+                               "start_us": round(ev.start_us - self.t0, 3), "dur_us": ev.dur_us}
+        op = ev if isinstance(ev, CpuOp) else None
+        if isinstance(ev, GpuActivity):
+            out.update(device=ev.device, stream=ev.stream, grid=ev.grid, block=ev.block,
+                       registers=ev.registers, shared_mem=ev.shared_mem, bytes=ev.bytes)
+            op = self._by_external.get(ev.external_id) if ev.external_id is not None else None
+            out["op"] = op.name if op else ev.op
+        elif isinstance(ev, RuntimeCall):
+            out["tid"] = ev.tid
+            op = self._by_external.get(ev.external_id) if ev.external_id is not None else None
+            out["op"] = op.name if op else None
+        if op is not None:
+            out.update(tid=op.tid, op=op.name, input_shapes=op.input_shapes,
+                       input_types=op.input_types, flops=op.flops, stack=op.stack)
+        return out
+
+
+def iteration_marks(report: dict[str, Any], t0: float) -> list[dict[str, Any]]:
+    """The report's iterations (µs from the window start) with each one's bottleneck shares."""
+    items = (report.get("iterations") or {}).get("items") or []
+    bn = report.get("bottleneck") or {}
+    per = bn.get("items") or []
+    marks = []
+    for i, it in enumerate(items):
+        start, wall = it.get("start_us"), it.get("wall_ms")
+        if start is None or wall is None:
+            continue
+        shares = per[i] if i < len(per) and per[i].get("step") == it.get("step") else None
+        ms = {k: v for k, v in (shares or {}).items()
+              if k != "step" and isinstance(v, (int, float))}
+        marks.append({"step": it.get("step"), "start_us": round(start - t0, 3),
+                      "end_us": round(start - t0 + 1000.0 * wall, 3),
+                      "bound": max(ms, key=ms.__getitem__) if ms else None, "bottleneck_ms": ms})
+    return marks
