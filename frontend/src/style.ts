@@ -86,6 +86,13 @@ body.gp-dark-body { background: #303030; }
 .gp .kernel-links .trunc { max-width: 640px; }
 .gp .evidence-table { width: auto; font-size: 12px; }
 .gp .evidence-table td, .gp .evidence-table th { padding: 2px 8px; }
+.gp .tl-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: 12px; margin-bottom: 6px; }
+.gp .tl-body { display: flex; border: 1px solid var(--border); border-radius: 6px; margin-bottom: 12px; }
+.gp .tl-labels { position: relative; flex: none; border-right: 1px solid var(--border); }
+.gp .tl-label { position: absolute; left: 0; right: 0; padding: 0 6px; font-size: 11px; color: var(--muted);
+  overflow: hidden; white-space: nowrap; text-overflow: ellipsis; border-top: 1px dotted var(--border); }
+.gp .tl-canvas { flex: 1; min-width: 0; display: block; cursor: grab; }
+.gp .wrap { word-break: break-all; }
 @media (max-width: 900px) { .gp .first-screen { grid-template-columns: 1fr; } }
 .gp .rec { border-left: 3px solid var(--accent); padding: 8px 12px; margin-bottom: 12px; background: var(--panel); border-radius: 0 6px 6px 0; }
 .gp .rec.high { border-left-color: var(--high); } .gp .rec.low { border-left-color: var(--low); }
