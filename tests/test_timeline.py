@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tb_gpuprof.analysis.report import build_report
+from tb_gpuprof.plugin import timeline
 from tb_gpuprof.plugin.timeline import CATEGORIES, TimelineError, TimelineIndex
 from tb_gpuprof.readers import load_profile
 
@@ -43,14 +44,40 @@ def test_whole_window_counts_every_event_once_within_the_pixel_budget(window) ->
         assert len(lane) <= width + 1
         starts = [b["start"] for b in lane]
         assert starts == sorted(starts)
-        # merged bars are at least a pixel apart: the previous bar ends before the next one's pixel
+        # bars are at least a pixel apart (times are rounded to the nanosecond)
         px = answer["px_us"]
         for a, b in itertools.pairwise(lane):
-            assert b["start"] // px > a["end"] // px
+            assert b["start"] - a["end"] >= px - 2e-3
     assert any(b["count"] > 1 for b in bars) and len(bars) < total / 3
+
     kinds = [r["kind"] for r in answer["rows"]]
     assert kinds.count("gpu") >= 1 and kinds.count("cpu") >= 1
     assert sum(r["events"] for r in answer["rows"]) == total
+
+
+def test_pre_merged_copies_give_the_same_bars_as_merging_every_event(window, monkeypatch) -> None:
+    profile, report, exact = window
+    assert all(len(lane.levels) == 1 for lane in exact.lanes)  # short lanes: every event
+    monkeypatch.setattr(timeline, "COARSE_MIN_EVENTS", 1000)
+    monkeypatch.setattr(timeline, "COARSE_PIXELS", 2048)
+    index = TimelineIndex(profile, report)
+    assert any(len(lane.levels) > 1 for lane in index.lanes)
+    span = index.t1 - index.t0
+    for width in (300, 1600):
+        assert index.window(0, span, width)["bars"] == exact.window(0, span, width)["bars"]
+    # inside a range the same too, but for each lane's first and last bar: a pre-merged
+    # entry across an edge also counts its events beyond it
+    lo, hi = span / 3, span / 2
+
+    def inner(answer):
+        lanes: dict[tuple[int, int], list] = {}
+        for b in _bars(answer):
+            lanes.setdefault((b["row"], b["lane"]), []).append(
+                {**b, "name": answer["names"][b["name"]]})
+        return {k: v[1:-1] for k, v in lanes.items()}
+
+    coarse, fine = inner(index.window(lo, hi, 200)), inner(exact.window(lo, hi, 200))
+    assert coarse == fine and sum(map(len, fine.values())) > 10
 
 
 def test_deep_zoom_shows_exactly_the_events_of_the_range(window) -> None:

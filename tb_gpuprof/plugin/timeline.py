@@ -6,7 +6,8 @@ start/end times as sorted numpy arrays. A request names a time range and a pixel
 events of the range are merged wherever the gap between them is under one pixel, so the answer
 holds at most about ``width`` bars per lane whatever the zoom. A bar of one event carries its id
 (``event()`` gives its op, stack, shapes and FLOPs); a merged bar carries its count and the name
-of its longest event.
+of its longest event. A lane therefore answers at most width + 1 bars: each new bar follows a
+gap of at least a pixel.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from ..model import KERNEL, CpuOp, GpuActivity, Profile, RuntimeCall
 
 MAX_WIDTH = 8192
 MAX_DEPTH = 12  # CPU nesting levels drawn; deeper ops fold into the last lane
+# Long lanes keep copies pre-merged at 1/65536 of the window (and 16x coarser); a request
+# merges the coarsest copy no coarser than its own pixel (same bars, far fewer entries).
+COARSE_PIXELS = 65536
+COARSE_MIN_EVENTS = 20000
 _NCCL = re.compile(r"nccl", re.IGNORECASE)
 
 # Bar categories (the frontend colours them).
@@ -37,13 +42,60 @@ class TimelineError(ValueError):
 
 
 @dataclass(slots=True)
+class _Level:
+    """A lane's events, or (coarse level) its events pre-merged at ``px_us`` per pixel."""
+
+    start: np.ndarray  # µs from the window start, sorted
+    end: np.ndarray  # running maximum of the stops: a bisectable bound for range queries
+    stop: np.ndarray  # each entry's own end
+    dur: np.ndarray  # of the entry's longest event
+    ids: np.ndarray  # the longest event (index into TimelineIndex.events)
+    count: np.ndarray | None  # events per entry (None: one each)
+    px_us: float = 0.0
+
+
+@dataclass(slots=True)
 class _Lane:
     row: int
     depth: int
-    start: np.ndarray  # µs from the window start, sorted
-    end: np.ndarray  # running maximum of the ends: a bisectable bound for range queries
-    dur: np.ndarray
-    ids: np.ndarray  # index into TimelineIndex.events
+    levels: list[_Level]  # the events first, then coarser pre-merged copies
+
+
+@dataclass(slots=True)
+class _Merged:
+    first: np.ndarray  # index of each bar's first entry
+    longest: np.ndarray  # index of each bar's longest entry
+    count: np.ndarray
+    stop: np.ndarray
+
+
+def _merge_level(lv: _Level, i0: int, i1: int, px: float) -> _Merged:
+    """Entries [i0, i1) merged wherever the gap after everything before one is under ``px``.
+    Vectorised and O(n): a 1M-event lane is a few numpy passes. Merging by gap is transitive,
+    so merging a copy pre-merged at a finer pixel gives the same bars as merging every event."""
+    s, d = lv.start[i0:i1], lv.dur[i0:i1]
+    # every entry before i0 ended before lo, so lv.end over the slice is its own running max
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    np.greater_equal(s[1:] - lv.end[i0:i1][:-1], px, out=new[1:])
+    first = np.flatnonzero(new)
+    group = np.cumsum(new) - 1
+    if lv.count is None:
+        count = np.diff(np.append(first, len(s)))
+    else:
+        count = np.add.reduceat(lv.count[i0:i1], first)
+    stop = np.maximum.reduceat(lv.stop[i0:i1], first)
+    # the first of each bar's longest entries names it (no sort)
+    cand = np.flatnonzero(d == np.maximum.reduceat(d, first)[group])
+    cg = group[cand]
+    longest = cand[np.flatnonzero(np.r_[True, cg[1:] != cg[:-1]])]
+    return _Merged(first, longest, count, stop)
+
+
+def _coarser(lv: _Level, px: float) -> _Level:
+    m = _merge_level(lv, 0, len(lv.start), px)
+    return _Level(lv.start[m.first], np.maximum.accumulate(m.stop), m.stop, lv.dur[m.longest],
+                  lv.ids[m.longest], m.count.astype(np.int64), px)
 
 
 def _gpu_category(a: GpuActivity) -> int:
@@ -94,8 +146,22 @@ class TimelineIndex:
         for d in np.unique(depth):
             sel = depth == d
             s, du = starts[sel], durs[sel]
-            self.lanes.append(_Lane(row, int(d), s, np.maximum.accumulate(s + du), du, ids[sel]))
+            raw = _Level(s, np.maximum.accumulate(s + du), s + du, du, ids[sel], None)
+            self.lanes.append(_Lane(row, int(d), self._levels(raw)))
         self.rows[row]["lanes"] = int(depth.max()) + 1 if len(depth) else 1
+
+    def _levels(self, raw: _Level) -> list[_Level]:
+        """The events plus, for a long lane, copies pre-merged at 1/COARSE_PIXELS of the
+        window and 16x coarser: a zoomed-out request merges those instead of every event."""
+        levels = [raw]
+        px = (self.t1 - self.t0) / COARSE_PIXELS
+        while px > 0 and len(levels[-1].start) > COARSE_MIN_EVENTS and len(levels) < 3:
+            coarse = _coarser(levels[-1], px)
+            if len(coarse.start) > 0.5 * len(levels[-1].start):
+                break  # sparse lane: merging buys little
+            levels.append(coarse)
+            px *= 16
+        return levels
 
     def _add_host_rows(self, host: list[CpuOp | RuntimeCall]) -> None:
         by_tid: dict[int, list[int]] = {}
@@ -137,34 +203,25 @@ class TimelineIndex:
 
     def _merge(self, lane: _Lane, lo: float, hi: float, px: float, names: dict[str, int],
                out: dict[str, list]) -> None:
-        i0 = int(np.searchsorted(lane.end, lo, side="left"))
-        i1 = int(np.searchsorted(lane.start, hi, side="right"))
+        lv = lane.levels[0]
+        for coarse in lane.levels[1:]:
+            if coarse.px_us <= px:
+                lv = coarse
+        i0 = int(np.searchsorted(lv.end, lo, side="left"))
+        i1 = int(np.searchsorted(lv.start, hi, side="right"))
         if i1 <= i0:
             return
-        s, d, ids = lane.start[i0:i1], lane.dur[i0:i1], lane.ids[i0:i1]
-        e = s + d
-        spx = np.floor((s - lo) / px)
-        epx = np.floor((np.maximum.accumulate(e) - lo) / px)
-        # a new bar where an event starts in a later pixel than everything before it ended
-        new = np.empty(len(s), dtype=bool)
-        new[0] = True
-        new[1:] = spx[1:] > epx[:-1]
-        first = np.flatnonzero(new)
-        count = np.diff(np.append(first, len(s)))
-        group = np.cumsum(new) - 1
-        gend = np.maximum.reduceat(e, first)
-        # the longest event of each bar names it
-        order = np.lexsort((-d, group))
-        longest = order[np.searchsorted(group[order], np.arange(len(first)))]
-        for j in ids[longest].tolist():
+        m = _merge_level(lv, i0, i1, px)
+        ids = lv.ids[i0:i1][m.longest]
+        for j in ids.tolist():
             out["name"].append(names.setdefault(self.events[j].name, len(names)))
-        out["row"].extend([lane.row] * len(first))
-        out["lane"].extend([lane.depth] * len(first))
-        out["start"].extend(np.round(s[first], 3).tolist())
-        out["end"].extend(np.round(gend, 3).tolist())
-        out["count"].extend(count.tolist())
-        out["cat"].extend(self.categories[ids[longest]].tolist())
-        out["id"].extend(np.where(count == 1, ids[longest], -1).tolist())
+        out["row"].extend([lane.row] * len(m.first))
+        out["lane"].extend([lane.depth] * len(m.first))
+        out["start"].extend(np.round(lv.start[i0:i1][m.first], 3).tolist())
+        out["end"].extend(np.round(m.stop, 3).tolist())
+        out["count"].extend(m.count.tolist())
+        out["cat"].extend(self.categories[ids].tolist())
+        out["id"].extend(np.where(m.count == 1, ids, -1).tolist())
 
     def event(self, event_id: int) -> dict[str, Any]:
         """One event's details: for a GPU activity, also the op that launched it."""

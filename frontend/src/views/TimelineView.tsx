@@ -3,7 +3,7 @@
 // The server merges events to the pixel width (/timeline), so a 1M-event window never travels
 // whole: each pan or zoom redraws the bars at hand at once and asks for the new range after a
 // short pause. Names are drawn with fillText and shown in the details as text nodes: inert.
-import { useEffect, useRef, useState } from "preact/hooks";
+import { useEffect, useLayoutEffect, useRef, useState } from "preact/hooks";
 import { api, getJson } from "../api";
 import { COLORS } from "../charts";
 import { Empty, ErrorBox, KeyValues, Loading, Panel } from "../components";
@@ -269,8 +269,9 @@ export function TimelineView({ run, step, report, hasTrace, dark }: { run: strin
   useEffect(() => {
     if (hasTrace) load(null);
   }, [run, step]);
-  // redraw at once on every change; fetch the new range once the input pauses
-  useEffect(() => {
+  // redraw at once on every change (in the render, not after the next paint); fetch the new
+  // range once the input pauses
+  useLayoutEffect(() => {
     if (!data || !view || !canvas.current) return;
     setDrawn(draw(canvas.current, data, view, dark, selected));
     if (inputAt.current !== null) {
