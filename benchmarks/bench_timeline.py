@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Timeline benchmark: a 1M-event window through /timeline and the Timeline view.
 
-Writes a synthetic Kineto trace (torch.profiler's layout: per launch an aten op, a
-cudaLaunchKernel and its kernel; ProfilerStep ranges) of about ``--events`` events, imports it
+Writes a synthetic Kineto trace (torch.profiler's layout: per launch an aten op wrapping a
+cudaLaunchKernel, the kernel on a GPU stream; ProfilerStep ranges) of about ``--events``
+events, with log-normal kernel durations and host gaps (from a fraction of a microsecond to
+milliseconds, so bars merge differently at every zoom level), imports it
 with the real `tb-gpuprof import`, starts a real `tensorboard --logdir`, then measures:
 
   * the index build: the first /timeline request of the window (parses the trace once);
@@ -20,6 +22,7 @@ with the real `tb-gpuprof import`, starts a real `tensorboard --logdir`, then me
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -34,7 +37,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.browser.kineto_synth import many_kernels, write_kineto_trace  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_dashboard import CHROMIUM, CHROMIUM_ARGS, cli, wait_for_runs  # noqa: E402
@@ -43,6 +45,48 @@ ROUTE_TARGET_MS = 100.0
 FRAME_TARGET_MS = 50.0
 RUN = "timeline_1m"
 KERNELS_PER_STEP = 5000
+
+
+def write_trace(path: Path, events: int, rng: random.Random) -> Path:
+    """A Kineto trace of about ``events`` events (3 per launch), gzipped."""
+    launches = events // 3
+    steps = max(1, launches // KERNELS_PER_STEP)
+    out = []
+    t = gpu_t = 1000.0
+    for i in range(launches):
+        if i % KERNELS_PER_STEP == 0:
+            step, step_start = i // KERNELS_PER_STEP, t
+        t += rng.lognormvariate(1.0, 1.5)  # host gap: median 2.7 µs, sometimes milliseconds
+        op_dur = 3.0 + rng.lognormvariate(0.5, 0.5)
+        out.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 40}", "pid": 1, "tid": 1,
+                    "ts": round(t, 3), "dur": round(op_dur, 3),
+                    "args": {"External id": i + 1, "Input Dims": [[64, 64]],
+                             "Input type": ["float"]}})
+        out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1,
+                    "tid": 1, "ts": round(t + 1.0, 3), "dur": 1.5,
+                    "args": {"correlation": i + 1, "External id": i + 1}})
+        gpu_t = max(gpu_t, t + 3.0)
+        k_dur = rng.lognormvariate(1.5, 1.2)  # median 4.5 µs
+        out.append({"ph": "X", "cat": "kernel", "name": f"void synth_kernel_{i % 3000:04d}()",
+                    "pid": 0, "tid": 7, "ts": round(gpu_t, 3), "dur": round(k_dur, 3),
+                    "args": {"device": 0, "stream": 7, "correlation": i + 1,
+                             "External id": i + 1, "grid": [132, 1, 1], "block": [256, 1, 1],
+                             "registers per thread": 64, "shared memory": 0}})
+        gpu_t += k_dur + rng.lognormvariate(0.0, 1.0)
+        t += op_dur
+        if (i + 1) % KERNELS_PER_STEP == 0 or i == launches - 1:
+            end = max(t, gpu_t) + 5.0
+            out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}",
+                        "pid": 1, "tid": 1, "ts": step_start, "dur": end - step_start,
+                        "args": {"External id": 0}})
+    trace = {"schemaVersion": 1, "traceEvents": out,
+             "deviceProperties": [{"id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150109880320,
+                                   "computeMajor": 9, "computeMinor": 0, "numSms": 132}]}
+    with gzip.open(path, "wt", compresslevel=1) as f:
+        json.dump(trace, f, separators=(",", ":"))
+    del out
+    print(f"wrote {events:,} events in {steps} steps to {path}", file=sys.stderr)
+    return path
 
 
 def p(values: list[float], q: float) -> float:
@@ -126,10 +170,8 @@ def main() -> int:
     rng = random.Random(17)
     with tempfile.TemporaryDirectory(prefix="bench_timeline_") as tmp:
         root = Path(tmp)
-        steps = max(1, round(args.events / (3 * KERNELS_PER_STEP)))
         t = time.perf_counter()
-        trace = write_kineto_trace(root / "trace.json", many_kernels(KERNELS_PER_STEP),
-                                   steps=steps)
+        trace = write_trace(root / "trace.json.gz", args.events, rng)
         cli("import", str(trace), "--logdir", str(root / "logs"), "--run", RUN)
         prep_s = time.perf_counter() - t
         raw = os.path.getsize(trace)

@@ -152,7 +152,7 @@ function SummaryCards({ report }: { report: Report }) {
     <div class="cards small-cards" data-testid="summary-cards">
       <Card testId="card-count" label="Iterations profiled" value={fmtNum(it.count)} sub={range} />
       <Card testId="card-profiled" label="Profiled iteration" value={fmtMs(it.mean_ms)} sub={`mean · median ${fmtMs(it.median_ms)} · p95 ${fmtMs(it.p95_ms)}`} />
-      <Card testId="card-util" label="GPU utilization" value={fmtPct(util.value)} sub={util.how} />
+      {util.how.startsWith("NVML") ? <Card testId="card-util" label="GPU utilization" value={fmtPct(util.value)} sub={util.how} /> : null /* else it is GPU busy, shown above */}
       <Card testId="card-gputime" label="GPU time" value={fmtUs(report.gpu_time_us)} sub={`${fmtNum(report.kernels_total ?? report.kernels?.length)} distinct kernels`} />
     </div>
   );
