@@ -24,9 +24,8 @@ def _range(page) -> tuple[float, float]:
     return float(el.get_attribute("data-lo")), float(el.get_attribute("data-hi"))
 
 
-def _click_bar(page, server, run: str, pick, single: bool = True) -> dict:
-    """Click the widest bar ``pick(name, category)`` accepts (a single event's unless
-    ``single`` is False: a merged bar zooms in); returns the bar."""
+def _click_bar(page, server, run: str, pick) -> dict:
+    """Click the widest single-event bar ``pick(name, category)`` accepts; returns the bar."""
     lo, hi = _range(page)
     box = page.locator("[data-testid=timeline-canvas]").bounding_box()
     answer = server.route("timeline", run=run, start_us=lo, end_us=hi, width=round(box["width"]))
@@ -36,8 +35,7 @@ def _click_bar(page, server, run: str, pick, single: bool = True) -> dict:
     for i in range(len(b["id"])):
         s, e = max(b["start"][i], lo), min(b["end"][i], hi)
         name, cat = answer["names"][b["name"][i]], answer["categories"][b["cat"][i]]
-        ok = b["id"][i] >= 0 or not single
-        if ok and e > s and pick(name, cat) and (best is None or e - s > best[0]):
+        if b["id"][i] >= 0 and e > s and pick(name, cat) and (best is None or e - s > best[0]):
             best = (e - s, i, s, e, name)
     assert best is not None, "no bar to click"
     _, i, s, e, name = best
@@ -93,13 +91,24 @@ def test_timeline_rows_zoom_pan_and_click(page, server) -> None:
 
 
 def test_timeline_shows_a_hostile_kernel_name_as_text(page, server) -> None:
+    fine = server.route("timeline", run=RUN_HOSTILE, width=8192)  # every kernel its own bar
+    b = fine["bars"]
+    i = next(i for i in range(len(b["id"]))
+             if fine["names"][b["name"][i]] == HOSTILE_KERNEL and b["id"][i] >= 0)
+    mid = (b["start"][i] + b["end"][i]) / 2
+    row = fine["rows"][b["row"][i]]
     _open(page, RUN_HOSTILE)
+    lo, hi = _range(page)
+    box = page.locator("[data-testid=timeline-canvas]").bounding_box()
+    label = page.locator("[data-testid=timeline-rows] .tl-label").nth(row["id"] + 1)
+    x = box["x"] + (mid - lo) / (hi - lo) * box["width"]
+    y = label.bounding_box()["y"] + LANE_H[row["kind"]] / 2
+    page.mouse.move(x, y)
+    for _ in range(6):  # zoom in under the cursor until the kernel is alone
+        page.mouse.wheel(0, -300)
+    page.wait_for_timeout(400)
+    page.mouse.click(x, y)
     name = page.locator("[data-testid=timeline-event-name]")
-    for _ in range(10):  # click the bar it names: merged ones zoom in, until it is alone
-        bar = _click_bar(page, server, RUN_HOSTILE, lambda n, c: n == HOSTILE_KERNEL, single=False)
-        if bar["id"] >= 0:
-            break
-        page.wait_for_timeout(300)
     eventually(lambda: name.text_content() if name.count() else "", HOSTILE_KERNEL,
                what="hostile name in the details")
     assert page.evaluate("window.__xss") is None
