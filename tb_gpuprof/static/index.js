@@ -101,7 +101,7 @@ body.gp-dark-body { background: #303030; }
 .gp .key-cards .card .value { font-size: 30px; }
 .gp .small-cards .card .value { font-size: 18px; }
 .gp .kernel-links { margin: 0; padding-left: 18px; }
-.gp .kernel-links .trunc { max-width: 640px; }
+.gp .kernel-links .trunc { max-width: 640px; white-space: nowrap; }
 .gp .evidence-table { width: auto; font-size: 12px; }
 .gp .evidence-table td, .gp .evidence-table th { padding: 2px 8px; }
 .gp .tl-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: 12px; margin-bottom: 6px; }
