@@ -275,7 +275,10 @@ class HookCore:
         profile and builds the report (off this process's GIL); the report comes back and is
         written into this process's events file."""
         telemetry = self._guard("nvml", self._window_telemetry, t0, t1, when="nvml")
+        if self.extra_flags:  # env is also self.env, the run summary's
+            env.setdefault("flags", {}).update(self.extra_flags)
         job = {"trace": raw, "key": self.key, "env": env, "telemetry": telemetry,
+               "peak_tflops": self.peak_tflops,
                "gpu_expected": gpu_expected, "no_gpu_warning": no_gpu_warning,
                "store": None if self._writer is None else
                {"run_dir": self.run_dir, "step": step, "rank": self.rank, "name": stored_name,
