@@ -12,7 +12,6 @@ still correct. Errors name the file and the problem in one line (:class:`TraceRe
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import os
@@ -45,7 +44,9 @@ from ..model import (
 )
 
 BLOCK_BYTES = 8 << 20  # read/decompress granularity; one batch of events is about this big
-MAX_PENDING_BYTES = 64 << 20  # no event boundary within this much text: not Kineto's layout
+MAX_PENDING_BYTES = 64 << 20  # no event boundary within this much text: not a list of events
+GAP_SEARCH_BYTES = 64 << 10  # first window searched backwards for the last event gap
+MAX_CUT_TRIES = 4  # candidate gaps tried per batch before the tolerant decode
 HEADER_LIMIT_BYTES = 16 << 20  # "traceEvents" must start within this much of the file
 TOLERANT_FALLBACK_LIMIT = 256 << 20  # stdlib json retry (non-strict) only below this size
 
@@ -58,7 +59,7 @@ META_KEYS = (
 )
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     external_id: int | None = msgspec.field(default=None, name="External id")
     device: int | None = None
     stream: int | None = None
@@ -67,8 +68,8 @@ class _Args(msgspec.Struct):
     shared_mem: int | None = msgspec.field(default=None, name="shared memory")
     blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
     occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
-    grid: list[int] | None = None
-    block: list[int] | None = None
+    grid: tuple[int, ...] | None = None
+    block: tuple[int, ...] | None = None
     bytes: int | None = None
     # Raw: shapes repeat across iterations; decoded once per distinct text (empty when absent)
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
@@ -79,7 +80,7 @@ class _Args(msgspec.Struct):
     name: Any = None  # thread_name / process_name metadata events
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
     # No "ph": the category tells what an event is; flows (s/f) and instants have none we use.
     cat: str = ""
     name: str = ""
@@ -94,11 +95,13 @@ _EventList = list[_Event]
 _TraceObject = msgspec.defstruct(
     "_TraceObject",
     [("traceEvents", _EventList)] + [(k, Any, None) for k in META_KEYS],
+    gc=False,
 )
 _EVENTS_DECODER = msgspec.json.Decoder(_EventList, strict=False)
 _FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
 _HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
 _TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENT_GAP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events, any layout
 
 # Category -> what we make of it; old Kineto spelled some categories differently.
 _CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT = range(8)
@@ -136,24 +139,16 @@ class _LayoutMismatch(Exception):
 def read_kineto(path: str | os.PathLike[str]) -> Profile:
     """Read a torch.profiler/Kineto Chrome trace: ``.json``/``.json.gz``, object or bare list."""
     path = os.fspath(path)
-    # A million new container objects would trigger dozens of full collections, each walking
-    # everything built so far: the reader creates no cycles, so collect once at the end.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
+    builder = _ProfileBuilder(path)
     try:
+        _stream_decode(path, builder)
+        streamed = True
+    except _LayoutMismatch:
+        streamed = False
+    if not streamed:  # outside the except: its traceback (and open reader) is gone
         builder = _ProfileBuilder(path)
-        try:
-            _stream_decode(path, builder)
-            streamed = True
-        except _LayoutMismatch:
-            streamed = False
-        if not streamed:  # outside the except: its traceback (and open reader) is gone
-            builder = _ProfileBuilder(path)
-            _full_decode(path, builder)
-        return builder.finish()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+        _full_decode(path, builder)
+    return builder.finish()
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -237,14 +232,33 @@ def _read_ahead(blocks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
 
 def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
     it = _blocks(path)
+    buf, is_list, events_at = _find_events(path, it, builder)
+    # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
+    # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
+    # the buffer into a JSON array in place, decoded through a memoryview: no copies.
+    buf = bytearray(buf[events_at - 1 :])
+    while True:
+        comma = _decode_prefix(buf, builder)
+        if comma > 0:
+            del buf[:comma]  # O(1): bytearray drops a prefix by moving its start
+        elif len(buf) > MAX_PENDING_BYTES:
+            raise _LayoutMismatch  # no event boundary in 64 MB: not a list of events
+        block = next(it, None)
+        if block is None:
+            break
+        buf += block
+    _decode_tail(path, buf, is_list, builder)
+
+
+def _find_events(path: str, it: Iterator[bytes],
+                 builder: _ProfileBuilder) -> tuple[bytes, bool, int]:
+    """Read up to the start of the event list: (text so far, bare list?, index after "[")."""
     buf = b""
-    for block in it:  # find where the events start
+    for block in it:
         buf = block if not buf else buf + block
         start = buf.lstrip()[:1]
         if start == b"[":
-            is_list = True
-            events_at = buf.index(b"[") + 1
-            break
+            return buf, True, buf.index(b"[") + 1
         if start == b"{":
             m = _TRACE_EVENTS_KEY.search(buf)
             if m:
@@ -253,52 +267,76 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
                 except msgspec.DecodeError:
                     raise _LayoutMismatch from None  # "traceEvents" not at the top level
                 builder.add_metadata(header)
-                is_list = False
-                events_at = m.end()
-                break
+                return buf, False, m.end()
             if len(buf) > HEADER_LIMIT_BYTES:
                 raise _LayoutMismatch
             continue
         if start:
             raise _LayoutMismatch  # not JSON we know: the full decode names the problem
-    else:
-        if not buf.strip():
-            raise TraceReadError(path, "empty file")
-        raise _LayoutMismatch
+    if not buf.strip():
+        raise TraceReadError(path, "empty file")
+    raise _LayoutMismatch
 
-    # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
-    # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
-    # the buffer into a JSON array in place, decoded through a memoryview: no copies.
-    buf = bytearray(buf[events_at - 1 :])
-    cut: bytes | None = None  # b"\n<indent>}," once the first event shows the indentation
-    while True:
-        if cut is None:
-            body = bytes(buf[1:4097]).lstrip(b" \t\r\n")
-            if body[:1] == b"{":
-                gap = bytes(buf[1 : buf.index(b"{")])
-                if b"\n" not in gap:
-                    raise _LayoutMismatch  # compact one-line layout
-                cut = b"\n" + gap.rsplit(b"\n", 1)[1] + b"},"
-            elif body and body[:1] != b"]":
-                raise _LayoutMismatch
-        if cut is not None:
-            pos = buf.rfind(cut)
-            if pos >= 0:
-                end = pos + len(cut) - 1  # the "," after the last complete event
-                buf[0], buf[end] = 0x5B, 0x5D  # "[", "]"
-                with memoryview(buf) as whole:
-                    batch = whole[: end + 1]
-                    builder.add_events(_decode_batch(batch))
-                    batch.release()  # the events (and their Raw views) are gone by now
-                del buf[:end]  # O(1): bytearray drops a prefix by moving its start
-            elif len(buf) > MAX_PENDING_BYTES:
-                raise _LayoutMismatch
-        block = next(it, None)
-        if block is None:
+
+def _last_gap(buf: bytearray, end: int) -> int:
+    """Index of the "," of the last ``}<space>,<space>{`` lying before ``end``; -1 if none.
+
+    Searches backwards in growing windows, so finding the usual gap near the end of a batch
+    costs one small regex scan, whatever the layout (one line, any indentation).
+    """
+    window = GAP_SEARCH_BYTES
+    lo = end
+    while lo > 1:
+        lo = max(1, lo - window)
+        last = None
+        for last in _EVENT_GAP.finditer(buf, lo, end):
+            pass
+        if last is not None:
+            return buf.index(b",", last.start())
+        window *= 2
+    return -1
+
+
+def _decode_prefix(buf: bytearray, builder: _ProfileBuilder) -> int:
+    """Decode the events before the buffer's last event gap; return that gap's index (or 0).
+
+    A gap found by pattern may sit inside a string or a nested list of objects; the batch up
+    to it is then unbalanced JSON, which msgspec rejects, so we try the gap before it. A batch
+    that decodes is proof that its cut was right.
+    """
+    end = len(buf)
+    first = -1
+    for _ in range(MAX_CUT_TRIES):
+        comma = _last_gap(buf, end)
+        if comma < 0:
             break
-        buf += block
+        first = comma if first < 0 else first
+        buf[0], buf[comma] = 0x5B, 0x5D  # "[", "]"
+        with memoryview(buf) as whole:
+            batch = whole[: comma + 1]
+            try:
+                events = _EVENTS_DECODER.decode(batch)
+            except msgspec.DecodeError:
+                events = None
+            decoded = events is not None
+            if events is not None:
+                builder.add_events(events)
+            del events  # with it every Raw view into the buffer
+            batch.release()
+        if decoded:
+            return comma
+        buf[comma] = 0x2C  # ","; try the gap before
+        end = comma
+    if first < 0:
+        return 0
+    # No cut decodes strictly: Kineto's own defects (raw control characters, bare N/A).
+    buf[0], buf[first] = 0x5B, 0x5D
+    builder.add_events(_decode_batch(bytes(buf[: first + 1])))
+    return first
 
-    # The rest: last events plus whatever follows the array (e.g. "traceName").
+
+def _decode_tail(path: str, buf: bytearray, is_list: bool, builder: _ProfileBuilder) -> None:
+    """The rest: last events plus whatever follows the array (e.g. "traceName")."""
     buf[0] = 0x5B
     if is_list:
         builder.add_events(_decode_batch(bytes(buf), path=path))
@@ -514,7 +552,7 @@ class _ProfileBuilder:
         self._json_cache[key] = value
         return value
 
-    def _dims(self, dims: list[int] | None) -> tuple[int, int, int] | None:
+    def _dims(self, dims: tuple[int, ...] | None) -> tuple[int, int, int] | None:
         if not dims:
             return None
         key = tuple(dims)
