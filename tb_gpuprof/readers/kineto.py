@@ -12,6 +12,7 @@ still correct. Errors name the file and the problem in one line (:class:`TraceRe
 
 from __future__ import annotations
 
+import collections
 import gzip
 import json
 import os
@@ -102,6 +103,7 @@ _FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
 _HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
 _TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _EVENT_GAP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events, any layout
+_FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*("[^"\\]{1,64})"[ \t\r\n]*:')
 
 # Category -> what we make of it; old Kineto spelled some categories differently.
 _CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT = range(8)
@@ -237,10 +239,15 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
     # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
     # the buffer into a JSON array in place, decoded through a memoryview: no copies.
     buf = bytearray(buf[events_at - 1 :])
+    gap: re.Pattern[bytes] | None = None
     while True:
-        comma = _decode_prefix(buf, builder)
+        if gap is None:
+            gap = _gap_pattern(buf)
+        comma = _decode_prefix(buf, builder, gap) if gap is not None else 0
         if comma > 0:
             del buf[:comma]  # O(1): bytearray drops a prefix by moving its start
+        elif gap is not _EVENT_GAP and gap is not None and len(buf) > MAX_PENDING_BYTES // 2:
+            gap = _EVENT_GAP  # the events do not all start with the first one's key
         elif len(buf) > MAX_PENDING_BYTES:
             raise _LayoutMismatch  # no event boundary in 64 MB: not a list of events
         block = next(it, None)
@@ -278,7 +285,22 @@ def _find_events(path: str, it: Iterator[bytes],
     raise _LayoutMismatch
 
 
-def _last_gap(buf: bytearray, end: int) -> int:
+def _gap_pattern(buf: bytearray) -> re.Pattern[bytes] | None:
+    """The gap between two events, once the first event's first key is in the buffer.
+
+    ``}, {`` alone also occurs between objects nested in an event (and inside strings); a
+    producer starts every event with the same key ("ph" for Kineto), so the gap followed by
+    that key is nearly always a real boundary. None until the first key has arrived.
+    """
+    m = _FIRST_KEY.match(buf, 1)
+    if m is None:
+        if len(buf) > 4096 or buf[1:].strip(b" \t\r\n")[:1] not in (b"", b"{"):
+            return _EVENT_GAP  # no key within reach (empty list, odd text): try the plain gap
+        return None
+    return re.compile(_EVENT_GAP.pattern + rb"[ \t\r\n]*" + re.escape(m.group(1)) + rb'"')
+
+
+def _last_gap(buf: bytearray, end: int, gap: re.Pattern[bytes]) -> int:
     """Index of the "," of the last ``}<space>,<space>{`` lying before ``end``; -1 if none.
 
     Searches backwards in growing windows, so finding the usual gap near the end of a batch
@@ -288,16 +310,14 @@ def _last_gap(buf: bytearray, end: int) -> int:
     lo = end
     while lo > 1:
         lo = max(1, lo - window)
-        last = None
-        for last in _EVENT_GAP.finditer(buf, lo, end):
-            pass
-        if last is not None:
-            return buf.index(b",", last.start())
+        last = collections.deque(gap.finditer(buf, lo, end), maxlen=1)
+        if last:
+            return buf.index(b",", last[0].start())
         window *= 2
     return -1
 
 
-def _decode_prefix(buf: bytearray, builder: _ProfileBuilder) -> int:
+def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[bytes]) -> int:
     """Decode the events before the buffer's last event gap; return that gap's index (or 0).
 
     A gap found by pattern may sit inside a string or a nested list of objects; the batch up
@@ -307,7 +327,7 @@ def _decode_prefix(buf: bytearray, builder: _ProfileBuilder) -> int:
     end = len(buf)
     first = -1
     for _ in range(MAX_CUT_TRIES):
-        comma = _last_gap(buf, end)
+        comma = _last_gap(buf, end, gap)
         if comma < 0:
             break
         first = comma if first < 0 else first
