@@ -12,6 +12,7 @@ TEST_REQUIRES = [
     "playwright>=1.45",
     "lightning>=2.0",  # the Lightning callback's test runs a real Trainer on CPU
     "jax>=0.4.30",  # Keras-on-JAX and jax.profiler XPlane tests (CPU build)
+    "dask[distributed]>=2024.1",  # `report DIR --dask` against a real LocalCluster
 ]
 
 setup(
@@ -36,10 +37,13 @@ setup(
         # tests ran on (2.13), which on this project's machines is a local CPU build.
         "demo": ["torch>=2.1,<2.14"],
         "keras": ["keras>=3.0"],
+        # `tb-gpuprof report DIR --dask ADDRESS`: rank traces analysed on a Dask cluster
+        "dask": ["dask[distributed]>=2024.1"],
         "test": TEST_REQUIRES,
-        # benchmarks/bench_parse.py runs torch-tb-profiler side by side (it pulls in pandas;
+        # benchmarks run torch-tb-profiler (Kineto; it pulls in pandas) and XProf (XPlane) side by
+        # side;
         # only the benchmark uses it, never the package).
-        "benchmarks": ["torch-tb-profiler==0.4.3"],
+        "benchmarks": ["torch-tb-profiler==0.4.3", "xprof>=2.20"],
     },
     entry_points={
         "console_scripts": ["tb-gpuprof=tb_gpuprof.cli:main"],

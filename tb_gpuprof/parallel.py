@@ -20,11 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import errors
 from .errors import GpuProfError, TraceReadError
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb", ".pb", ".sqlite", ".sqlite3")
 MEMORY_HEADROOM = 0.8  # share of the available memory the workers may plan to use
 FIRST_GUESS_BYTES_PER_BYTE = 1.0  # only used when a worker cannot measure itself
+DASK_CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass(slots=True)
@@ -87,6 +89,27 @@ def analyze_trace(path: str, iter_start: int | None = None, iter_stop: int | Non
     peak = _status_kib("VmHWM:")
     growth = (peak - before) * 1024 if measured and peak is not None and before else None
     return RankResult(path, report, seconds, growth)
+
+
+def _analyze_remote(path: str, **options: Any) -> RankResult | tuple[str, str, str]:
+    """:func:`analyze_trace` in a worker: a user error comes back as a value, because
+    :class:`TraceReadError` (two-argument constructor) does not survive pickling."""
+    try:
+        return analyze_trace(path, **options)
+    except TraceReadError as e:
+        return type(e).__name__, e.path, e.problem
+    except GpuProfError as e:
+        return "GpuProfError", path, str(e)
+
+
+def _unwrap(outcome: RankResult | tuple[str, str, str]) -> RankResult:
+    if isinstance(outcome, RankResult):
+        return outcome
+    kind, path, problem = outcome
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, TraceReadError):
+        raise cls(path, problem)
+    raise GpuProfError(problem)
 
 
 # --- scheduling ----------------------------------------------------------------------------
@@ -156,16 +179,16 @@ def run_local(paths: Sequence[str], workers: int | None = None,
     admission = Admission(cores, int(budget * MEMORY_HEADROOM) if budget else None)
     queue = sorted(paths, key=os.path.getsize, reverse=True)  # largest first: measured first
     results: dict[str, RankResult] = {}
-    running: dict[cf.Future[RankResult], float] = {}
+    running: dict[cf.Future[RankResult | tuple[str, str, str]], float] = {}
     with cf.ProcessPoolExecutor(max_workers=cores, mp_context=_pool_context()) as pool:
         while queue or running:
             while queue and admission.admits(running, queue[0]):
                 path = queue.pop(0)
-                running[pool.submit(analyze_trace, path, **options)] = admission.estimate(path)
+                running[pool.submit(_analyze_remote, path, **options)] = admission.estimate(path)
             done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
             for fut in done:
                 del running[fut]
-                result = fut.result()  # a worker's TraceReadError re-raises here
+                result = _unwrap(fut.result())  # a worker's TraceReadError re-raises here
                 admission.learn(result)
                 results[result.path] = _done(result, on_done)
     return [results[p] for p in paths]
@@ -185,12 +208,12 @@ def run_dask(paths: Sequence[str], address: str, **options: Any) -> list[RankRes
         raise GpuProfError("--dask needs dask.distributed: pip install 'tb_gpuprof[dask]'") \
             from None
     try:
-        client = Client(address, timeout=10)
+        client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as e:
         raise GpuProfError(f"cannot reach the Dask scheduler at {address}: {e}") from None
     with client:
-        futures = client.map(analyze_trace, list(paths), pure=False, **options)
-        return list(client.gather(futures))
+        futures = client.map(_analyze_remote, list(paths), pure=False, **options)
+        return [_unwrap(outcome) for outcome in client.gather(futures)]
 
 
 def analyze_ranks(paths: Sequence[str], dask_address: str | None = None,
@@ -233,7 +256,8 @@ def render_ranks(result: dict[str, Any], fmt: str = "text") -> str:
             _num(row["compute_ms"]), _num(row["exposed_ms"]), os.path.basename(trace))))
     s = summary.get("straggler")
     if s:
-        lines.append(f"slowest rank {s['rank']}: {s['slower_by_ms']:.2f} ms "
+        what = "straggler" if s["significant"] else "slowest rank (within noise)"
+        lines.append(f"{what}: rank {s['rank']}, {s['slower_by_ms']:.2f} ms "
                      f"({s['slower_by_pct']}%) more work per iteration than the others' median")
     if summary.get("load_imbalance") is not None:
         lines.append(f"load imbalance (max/mean compute): {summary['load_imbalance']}")
