@@ -40,9 +40,8 @@ setup(
         # `tb-gpuprof report DIR --dask ADDRESS`: rank traces analysed on a Dask cluster
         "dask": ["dask[distributed]>=2024.1"],
         "test": TEST_REQUIRES,
-        # benchmarks run torch-tb-profiler (Kineto; it pulls in pandas) and XProf (XPlane) side by
-        # side;
-        # only the benchmark uses it, never the package).
+        # benchmarks run torch-tb-profiler (Kineto; it pulls in pandas) and XProf (XPlane) side
+        # by side; only the benchmarks use them, never the package.
         "benchmarks": ["torch-tb-profiler==0.4.3", "xprof>=2.20"],
     },
     entry_points={
