@@ -534,7 +534,6 @@ class _Reader:
         out = self.profile.gpu
         op_lines: list[tuple[int, int, int]] = []
         first = len(out)
-        kd_cache = self.kd_cache
         wanted = {mid: n for mid, n in names.items() if n in GPU_STATS}
         op_cache: dict[tuple, tuple[str | None, str | None]] = {}
         num_sms = info.num_sms
@@ -552,52 +551,60 @@ class _Reader:
             stream = int(m[1])
             base_ps = ts_ns * 1000
             for mid, off, dur, ss, ee in _events(buf, ls, le):
-                name = emd.get(mid, _NO_MD)[0]
                 st = _decode_stats(buf, ss, ee, 4, names, wanted) if ss < ee else {}
-                details = None
-                if "kernel_details" in st:
-                    kind = KERNEL
-                elif "memcpy_details" in st or name.startswith(_MEMCPY_PREFIXES):
-                    kind, details = MEMCPY, st.get("memcpy_details")
-                elif "Memset_details" in st or "memset_details" in st or name.startswith(
-                        _MEMSET_PREFIXES):
-                    kind, details = MEMSET, st.get("Memset_details", st.get("memset_details"))
-                elif not _NOT_GPU_WORK.isdisjoint(st):
-                    continue  # memalloc / free / residency records are not GPU work
-                else:
-                    kind = KERNEL
-                key = (st.get("hlo_op"), st.get("tf_op"), st.get("name"),
-                       st.get("hlo_category"), st.get("long_name"))
-                ops = op_cache.get(key)
-                if ops is None:
-                    ops = op_cache[key] = _op_of(st)
-                corr = st.get("correlation_id")
-                grid = block = regs = shared = occ = per_sm = nbytes = None
-                if kind == KERNEL:
-                    kd = st.get("kernel_details")
-                    if isinstance(kd, str) and kd:
-                        launch = kd_cache.get(kd)
-                        if launch is None:
-                            launch = kd_cache[kd] = parse_kernel_details(kd)
-                    else:
-                        launch = _separate_launch_stats(st)
-                    grid, block, regs, shared, occ = launch
-                    if occ is None:
-                        t = st.get("theoretical_occupancy_pct")
-                        occ = float(t) if isinstance(t, int | float) else None
-                    if grid and num_sms:
-                        per_sm = grid[0] * grid[1] * grid[2] / num_sms
-                elif isinstance(details, str):
-                    mb = _DETAIL_INT.search(details)
-                    nbytes = int(mb[1]) if mb else None
-                out.append(GpuActivity(
-                    kind=kind, name=name, start_us=(base_ps + off) / 1e6, dur_us=dur / 1e6,
-                    device=dev, stream=stream,
-                    correlation=corr if isinstance(corr, int) else None, grid=grid,
-                    block=block, registers=regs, shared_mem=shared, blocks_per_sm=per_sm,
-                    occupancy=occ, bytes=nbytes, op=ops[0], op_type=ops[1]))
+                act = self.gpu_activity(emd.get(mid, _NO_MD)[0], st, op_cache, num_sms)
+                if act is not None:
+                    act.start_us, act.dur_us = (base_ps + off) / 1e6, dur / 1e6
+                    act.device, act.stream = dev, stream
+                    out.append(act)
         if op_lines:
             self.name_kernels_from_op_lines(emd, names, op_lines, out, first)
+
+    def gpu_activity(self, name: str, st: dict[str, Any], op_cache: dict[tuple, Any],
+                     num_sms: int | None) -> GpuActivity | None:
+        """One device event (its name and wanted stats) as an activity, or None when it is
+        no GPU work. Times, device and stream are the caller's to set."""
+        details = None
+        if "kernel_details" in st:
+            kind = KERNEL
+        elif "memcpy_details" in st or name.startswith(_MEMCPY_PREFIXES):
+            kind, details = MEMCPY, st.get("memcpy_details")
+        elif "Memset_details" in st or "memset_details" in st or name.startswith(
+                _MEMSET_PREFIXES):
+            kind, details = MEMSET, st.get("Memset_details", st.get("memset_details"))
+        elif not _NOT_GPU_WORK.isdisjoint(st):
+            return None  # memalloc / free / residency records are not GPU work
+        else:
+            kind = KERNEL
+        key = (st.get("hlo_op"), st.get("tf_op"), st.get("name"),
+               st.get("hlo_category"), st.get("long_name"))
+        ops = op_cache.get(key)
+        if ops is None:
+            ops = op_cache[key] = _op_of(st)
+        corr = st.get("correlation_id")
+        grid = block = regs = shared = occ = per_sm = nbytes = None
+        if kind == KERNEL:
+            kd = st.get("kernel_details")
+            if isinstance(kd, str) and kd:
+                launch = self.kd_cache.get(kd)
+                if launch is None:
+                    launch = self.kd_cache[kd] = parse_kernel_details(kd)
+            else:
+                launch = _separate_launch_stats(st)
+            grid, block, regs, shared, occ = launch
+            if occ is None:
+                t = st.get("theoretical_occupancy_pct")
+                occ = float(t) if isinstance(t, int | float) else None
+            if grid and num_sms:
+                per_sm = grid[0] * grid[1] * grid[2] / num_sms
+        elif isinstance(details, str):
+            mb = _DETAIL_INT.search(details)
+            nbytes = int(mb[1]) if mb else None
+        return GpuActivity(
+            kind=kind, name=name, start_us=0.0, dur_us=0.0,
+            correlation=corr if isinstance(corr, int) else None, grid=grid,
+            block=block, registers=regs, shared_mem=shared, blocks_per_sm=per_sm,
+            occupancy=occ, bytes=nbytes, op=ops[0], op_type=ops[1])
 
     def name_kernels_from_op_lines(self, emd, names, op_lines, out, first) -> None:
         """Give kernels without op stats the op of the derived op-line event around them."""
@@ -651,34 +658,39 @@ class _Reader:
                     md = emd.get(mid)
                     name = (md[0] or md[1]) if md else f"#{mid}"
                     cat = cats[mid] = _classify_host(name, cupti, is_tf)
-                kind, name, step = cat
-                if kind == _SKIP:
+                if cat[0] == _SKIP:
                     continue
-                start = (base_ps + off) / 1e6
-                dur_us = dur / 1e6
-                corr = None
-                if ss < ee:
-                    st = _decode_stats(buf, ss, ee, 4, names, wanted)
-                    sn = st.get("step_num")
-                    if isinstance(sn, int):
-                        kind, step = _STEP_NAMED, sn
-                    c = st.get("correlation_id")
-                    if isinstance(c, int) and kind != _STEP_NAMED:
-                        kind, corr = _RUNTIME, c
-                if kind == _RUNTIME:
-                    prof.runtime.append(RuntimeCall(name, start, dur_us, tid, corr))
-                elif kind == _CPU_OP:
-                    prof.cpu_ops.append(CpuOp(name, start, dur_us, tid))
-                elif dur <= 0:
-                    continue  # instants (allocations, threadpool records) are not ranges
-                elif kind == _STEP_NAMED:
-                    prof.annotations.append(Annotation(name, start, dur_us, STEP, False, step))
-                elif kind == _WEAK:
-                    a = Annotation(name, start, dur_us, USER)
-                    self.weak_steps.setdefault(_weak_key(name), []).append(a)
-                    prof.annotations.append(a)
-                else:
-                    prof.annotations.append(Annotation(name, start, dur_us, USER))
+                st = _decode_stats(buf, ss, ee, 4, names, wanted) if ss < ee else None
+                self.host_event(cat, (base_ps + off) / 1e6, dur, tid, st)
+
+    def host_event(self, cat: tuple[int, str, int | None], start: float, dur: int, tid: int,
+                   st: dict[str, Any] | None) -> None:
+        """One host event, classified by its name (``cat``) and its wanted stats."""
+        prof = self.profile
+        kind, name, step = cat
+        dur_us = dur / 1e6
+        corr = None
+        if st:
+            sn = st.get("step_num")
+            if isinstance(sn, int):
+                kind, step = _STEP_NAMED, sn
+            c = st.get("correlation_id")
+            if isinstance(c, int) and kind != _STEP_NAMED:
+                kind, corr = _RUNTIME, c
+        if kind == _RUNTIME:
+            prof.runtime.append(RuntimeCall(name, start, dur_us, tid, corr))
+        elif kind == _CPU_OP:
+            prof.cpu_ops.append(CpuOp(name, start, dur_us, tid))
+        elif dur <= 0:
+            return  # instants (allocations, threadpool records) are not ranges
+        elif kind == _STEP_NAMED:
+            prof.annotations.append(Annotation(name, start, dur_us, STEP, False, step))
+        elif kind == _WEAK:
+            a = Annotation(name, start, dur_us, USER)
+            self.weak_steps.setdefault(_weak_key(name), []).append(a)
+            prof.annotations.append(a)
+        else:
+            prof.annotations.append(Annotation(name, start, dur_us, USER))
 
     def finish(self) -> None:
         prof = self.profile
