@@ -608,16 +608,7 @@ class _Reader:
 
     def name_kernels_from_op_lines(self, emd, names, op_lines, out, first) -> None:
         """Give kernels without op stats the op of the derived op-line event around them."""
-        buf = self.buf
-        spans: list[tuple[float, float, str, str | None]] = []
-        for ls, le, ts_ns in op_lines:
-            for mid, off, dur, _ss, _ee in _events(buf, ls, le):
-                name, display, ms, me = emd.get(mid, ("", "", 0, 0))
-                st = _decode_stats(buf, ms, me, 5, names) if me > ms else {}
-                op, op_type = _op_of({"tf_op": name, **st}) if ":" in name else (
-                    name, st.get("hlo_category") or _HLO_SUFFIX.sub("", display or name))
-                start = (ts_ns * 1000 + off) / 1e6
-                spans.append((start, start + dur / 1e6, op or name, op_type))
+        spans = self.op_line_spans(emd, names, op_lines)
         spans.sort()
         starts = [s[0] for s in spans]
         for act in out[first:]:
@@ -630,6 +621,16 @@ class _Reader:
                 i -= 1
             if i > stop:
                 act.op, act.op_type = spans[i][2], spans[i][3]
+
+    def op_line_spans(self, emd, names, op_lines) -> list[tuple[float, float, str, str | None]]:
+        buf = self.buf
+        spans = []
+        for ls, le, ts_ns in op_lines:
+            for mid, off, dur, _ss, _ee in _events(buf, ls, le):
+                name, display, ms, me = emd.get(mid, ("", "", 0, 0))
+                st = _decode_stats(buf, ms, me, 5, names) if me > ms else {}
+                spans.append(_op_span(name, display, st, (ts_ns * 1000 + off) / 1e6, dur / 1e6))
+        return spans
 
     def read_gpu_steps(self, emd, ls: int, le: int, ts_ns: int) -> None:
         for mid, off, dur, _ss, _ee in _events(self.buf, ls, le):
@@ -713,6 +714,14 @@ class _Reader:
             raise EmptyProfileError(self.path, "XPlane holds no GPU or host activity")
 
 
+def _op_span(name: str, display: str, st: dict[str, Any], start: float,
+             dur_us: float) -> tuple[float, float, str, str | None]:
+    """(start, end, op, op type) of an op-line event ("XLA Ops", "TensorFlow Ops", ...)."""
+    op, op_type = _op_of({"tf_op": name, **st}) if ":" in name else (
+        name, st.get("hlo_category") or _HLO_SUFFIX.sub("", display or name))
+    return start, start + dur_us, op or name, op_type
+
+
 def _weak_key(name: str) -> str:
     m = _INFERENCE_FN.match(name)
     return m[1] if m else name
@@ -734,9 +743,22 @@ def _classify_host(name: str, cupti: bool, is_tf: bool) -> tuple[int, str, int |
     return _USER, name, None
 
 
-def read_xplane(path: str | os.PathLike[str]) -> Profile:
-    """Read an ``*.xplane.pb`` file into the normalized model; raise TraceReadError on bad input."""
+def read_xplane(path: str | os.PathLike[str], decoder: str = "upb") -> Profile:
+    """Read an ``*.xplane.pb`` file into the normalized model; raise TraceReadError on bad input.
+
+    ``decoder``: "upb" (protobuf's C decoder, :mod:`.xplane_upb`) or "wire" (the pure-Python
+    decoder in this module; the reference the upb path is tested against).
+    """
     path = os.fspath(path)
+    if decoder == "upb":
+        from .xplane_upb import read_file
+
+        return read_file(path)
+    return read_buffer(path, read_bytes(path))
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's bytes; a missing, unreadable or empty file is a TraceReadError."""
     try:
         with open(path, "rb") as f:
             buf = f.read()
@@ -748,6 +770,11 @@ def read_xplane(path: str | os.PathLike[str]) -> Profile:
         raise TraceReadError(path, f"cannot read: {e.strerror or e}") from None
     if not buf:
         raise TraceReadError(path, "empty file")
+    return buf
+
+
+def read_buffer(path: str, buf: bytes) -> Profile:
+    """The wire decoder on a file's bytes."""
     reader = _Reader(path, buf)
     try:
         return reader.read()

@@ -44,6 +44,10 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
         ("stat_metadata", 5, _T.TYPE_MESSAGE, _REP, "StatMetadataEntry", None),
         ("stats", 6, _T.TYPE_MESSAGE, _REP, "XStat", None),
     ],
+    "XPlaneHeader": [  # an XPlane's id and name only: picks the planes worth parsing
+        ("id", 1, _T.TYPE_INT64, _OPT, None, None),
+        ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
+    ],
     "EventMetadataEntry": [
         ("key", 1, _T.TYPE_INT64, _OPT, None, None),
         ("value", 2, _T.TYPE_MESSAGE, _OPT, "XEventMetadata", None),
@@ -72,6 +76,24 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
         ("stats", 4, _T.TYPE_MESSAGE, _REP, "XStat", None),
         ("num_occurrences", 5, _T.TYPE_INT64, _OPT, None, 0),
     ],
+    # Hot lines (streams, host threads) are read twice, both in C: once with events that
+    # declare no stats (their stats stay unknown bytes: id, offset and duration read fast),
+    # once with each event as raw bytes, which a regex checks for the stats wanted before
+    # anything decodes them.
+    "XLineSlim": [
+        ("id", 1, _T.TYPE_INT64, _OPT, None, None),
+        ("timestamp_ns", 3, _T.TYPE_INT64, _OPT, None, None),
+        ("events", 4, _T.TYPE_MESSAGE, _REP, "XEventSlim", None),
+    ],
+    "XEventSlim": [
+        ("metadata_id", 1, _T.TYPE_INT64, _OPT, None, None),
+        ("offset_ps", 2, _T.TYPE_INT64, _OPT, None, 0),
+        ("duration_ps", 3, _T.TYPE_INT64, _OPT, None, None),
+        ("num_occurrences", 5, _T.TYPE_INT64, _OPT, None, 0),
+    ],
+    "XLineEventBytes": [
+        ("events", 4, _T.TYPE_BYTES, _REP, None, None),
+    ],
     "XStat": [
         ("metadata_id", 1, _T.TYPE_INT64, _OPT, None, None),
         ("double_value", 2, _T.TYPE_DOUBLE, _OPT, None, 0),
@@ -92,7 +114,7 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
         ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
     ],
 }
-_ONEOFS = {"XEvent": "data", "XStat": "value"}
+_ONEOFS = {"XEvent": "data", "XEventSlim": "data", "XStat": "value"}
 
 
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
@@ -121,9 +143,14 @@ def _build() -> dict[str, Any]:
 _CLASSES = _build()
 XSpace = _CLASSES["XSpace"]
 XPlane = _CLASSES["XPlane"]
+XPlaneHeader = _CLASSES["XPlaneHeader"]
 XLineHeader = _CLASSES["XLineHeader"]
 XLine = _CLASSES["XLine"]
+XLineSlim = _CLASSES["XLineSlim"]
+XLineEventBytes = _CLASSES["XLineEventBytes"]
+XEvent = _CLASSES["XEvent"]
 XEventMetadata = _CLASSES["XEventMetadata"]
 XStat = _CLASSES["XStat"]
 
-__all__ = ["XLine", "XLineHeader", "XPlane", "XSpace", "XStat"]
+__all__ = ["XEvent", "XLine", "XLineEventBytes", "XLineHeader", "XLineSlim", "XPlane",
+           "XPlaneHeader", "XSpace", "XStat"]
