@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 
-from tb_gpuprof.readers.xplane_schema import XLine, XPlane, XSpace  # noqa: E402
+from tb_gpuprof.readers.xplane_schema import XLine, XPlane, XSpace
 
 
 def _span_ps(plane_msgs: list) -> int:

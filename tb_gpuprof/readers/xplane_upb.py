@@ -97,13 +97,10 @@ class _IntStatStripper:
             mid_alt = b"(?:" + b"|".join(mids) + b")"
             for value_len in range(1, 11):
                 length = re.escape(bytes([1 + id_len + 1 + value_len]))
-                alts.append(b"\x22" + length + b"\x08" + mid_alt + rb"([\x18\x20])("
-                            + (rb"[\x80-\xff]{%d}" % (value_len - 1)) + rb"[\x00-\x7f])")
-        never = rb"(?!)"
-        self.pattern = re.compile(b"|".join(alts) if alts else never, re.DOTALL)
-        self._strip = re.compile(b"|".join(
-            a.replace(b"([\x18\x20])(", b"[\x18\x20](?:") for a in alts) if alts else never,
-            re.DOTALL).sub
+                alts.append(b"\x22" + length + b"\x08" + mid_alt + rb"[\x18\x20]"
+                            + (rb"[\x80-\xff]{%d}" % (value_len - 1)) + rb"[\x00-\x7f]")
+        self.pattern = re.compile(b"|".join(alts) if alts else rb"(?!)", re.DOTALL)
+        self._strip = self.pattern.sub
 
     def key(self, ev_bytes: bytes) -> bytes:
         head = _EVENT_HEAD.match(ev_bytes)
@@ -114,11 +111,16 @@ _EVENT_HEAD = re.compile(rb"(?:\x08[\x80-\xff]{0,9}[\x00-\x7f])?(?:\x10[\x80-\xf
                          rb"[\x00-\x7f])?(?:\x18[\x80-\xff]{0,9}[\x00-\x7f])?")
 
 
-def _varint_value(raw: bytes, signed: bool) -> int:
+def _int_stat_value(stat: bytes) -> int:
+    """The value of a stat :class:`_IntStatStripper` matched: 0x22 L 0x08 id tag varint."""
+    i = 3
+    while stat[i] >= 0x80:  # the id's varint
+        i += 1
+    signed = stat[i + 1] == 0x20  # int64_value, else uint64_value
     value = 0
-    for shift, b in enumerate(raw):
+    for shift, b in enumerate(stat[i + 2:]):
         value |= (b & 0x7F) << (7 * shift)
-    if signed and value >= 1 << 63:  # int64_value: two's complement
+    if signed and value >= 1 << 63:  # two's complement
         value -= 1 << 64
     return value
 
@@ -248,7 +250,7 @@ class UpbReader(wire._Reader):
             corr = t.correlation  # a correlation stat the pattern does not match stays in key
             m = find_corr(ev_bytes) if find_corr is not None else None
             if m is not None:
-                corr = _varint_value(m.group(2), m.group(1) == b"\x20")
+                corr = _int_stat_value(m.group())
             dur = ev.duration_ps
             out.append(GpuActivity(
                 t.kind, t.name, (base_ps + off) / 1e6, (dur if dur > 0 else 0) / 1e6, dev,
