@@ -60,7 +60,7 @@ META_KEYS = (
 )
 
 
-class _Args(msgspec.Struct, gc=False):
+class _Args(msgspec.Struct, gc=False, frozen=True):
     external_id: int | None = msgspec.field(default=None, name="External id")
     device: int | None = None
     stream: int | None = None
@@ -81,6 +81,9 @@ class _Args(msgspec.Struct, gc=False):
     name: Any = None  # thread_name / process_name metadata events
 
 
+_NO_ARGS = _Args()
+
+
 class _Event(msgspec.Struct, gc=False):
     # No "ph": the category tells what an event is; flows (s/f) and instants have none we use.
     cat: str = ""
@@ -89,7 +92,7 @@ class _Event(msgspec.Struct, gc=False):
     tid: int | str | None = None
     ts: float = 0.0
     dur: float = 0.0
-    args: _Args = msgspec.field(default_factory=_Args)
+    args: _Args = _NO_ARGS  # shared: flows and metadata events have no args
 
 
 _EventList = list[_Event]
@@ -118,6 +121,7 @@ _CATEGORY = {
 }
 
 _MISSING = object()
+_CONV_PREFIXES = ("aten::conv", "aten::_conv", "aten::cudnn_conv")
 _STEP_MARKER = "ProfilerStep#"  # sentinel (by identity) in the op-name cache
 _STEP_NUMBER = re.compile(r"#(\d+)\s*$")
 
@@ -528,6 +532,7 @@ class _ProfileBuilder:
         self.stacks = UserStackBuilder()
         self._json_cache: dict[bytes, Any] = {}
         self._op_names: dict[str, str] = {}  # interns op names, flags step markers
+        self._conv_ops: set[str] = set()  # op names whose concrete inputs FLOPs need
         self._dims_cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
         self._thread_names: dict[str, str] = {}
         self._events = 0
@@ -561,6 +566,8 @@ class _ProfileBuilder:
     def _learn_op_name(self, name: str) -> str:
         canonical = _STEP_MARKER if name.startswith("ProfilerStep#") else sys.intern(name)
         self._op_names[name] = canonical
+        if canonical.startswith(_CONV_PREFIXES):
+            self._conv_ops.add(canonical)
         return canonical
 
     def _decode_new(self, key: bytes) -> Any:
@@ -595,6 +602,7 @@ class _ProfileBuilder:
         stacks = self.stacks
         is_user = stacks.is_user.get
         frames = stacks.frames
+        conv_ops = self._conv_ops
         self._events += len(events)
         for ev in events:
             kind = category(ev.cat)
@@ -616,9 +624,8 @@ class _ProfileBuilder:
                     types = cached(key, _MISSING)
                     if types is _MISSING:
                         types = decode_new(key)
-                    # stride/padding/... for FLOPs; only math ops need them
-                    if a.concrete and name.startswith(("aten::conv", "aten::_conv",
-                                                       "aten::cudnn_conv")):
+                    # stride/padding/... for FLOPs; only convolutions need them
+                    if a.concrete and name in conv_ops:
                         key = bytes(a.concrete)
                         concrete = cached(key, _MISSING)
                         if concrete is _MISSING:
