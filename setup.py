@@ -30,6 +30,8 @@ setup(
         "msgspec>=0.18",  # fast, typed JSON decoding of multi-hundred-MB Kineto traces
         "tensorboard>=2.14",  # the plugin host; also its event-file protos for our writer
         "nvidia-ml-py>=12.535",  # NVML (NVIDIA's own binding, not the deprecated pynvml)
+        # XPlane through its C decoder (upb, default since 4.21); tensorboard requires it too
+        "protobuf>=4.21",
     ],
     extras_require={
         "torch": ["torch>=2.1"],

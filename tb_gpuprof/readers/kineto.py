@@ -533,6 +533,8 @@ class _ProfileBuilder:
         self._json_cache: dict[bytes, Any] = {}
         self._op_names: dict[str, str] = {}  # interns op names, flags step markers
         self._conv_ops: set[str] = set()  # op names whose concrete inputs FLOPs need
+        # One int object per thread id: msgspec makes a new one per event (ids are > 256)
+        self._threads: dict[Any, int] = {}
         self._dims_cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
         self._thread_names: dict[str, str] = {}
         self._events = 0
@@ -562,6 +564,10 @@ class _ProfileBuilder:
                 id=p["id"], name=str(p.get("name", "")),
                 compute_major=p.get("computeMajor"), compute_minor=p.get("computeMinor"),
                 num_sms=p.get("numSms"), total_memory=p.get("totalGlobalMem")))
+
+    def _thread(self, tid: Any) -> int:
+        value = self._threads[tid] = tid if type(tid) is int else 0
+        return value
 
     def _learn_op_name(self, name: str) -> str:
         canonical = _STEP_MARKER if name.startswith("ProfilerStep#") else sys.intern(name)
@@ -603,6 +609,7 @@ class _ProfileBuilder:
         is_user = stacks.is_user.get
         frames = stacks.frames
         conv_ops = self._conv_ops
+        thread = self._threads.get
         self._events += len(events)
         for ev in events:
             kind = category(ev.cat)
@@ -634,9 +641,11 @@ class _ProfileBuilder:
                         concrete = None
                 else:
                     shapes = types = concrete = None
-                tid = ev.tid
+                tid = thread(ev.tid)
+                if tid is None:
+                    tid = self._thread(ev.tid)
                 cpu_ops.append(CpuOp(
-                    name, ev.ts, ev.dur, tid if type(tid) is int else 0, a.external_id,
+                    name, ev.ts, ev.dur, tid, a.external_id,
                     shapes, types, a.flops,
                     stacks.from_call_stack(a.call_stack) if a.call_stack else None,
                     concrete))
@@ -654,9 +663,10 @@ class _ProfileBuilder:
                     p.metadata["profiler_span_us"] = [ev.ts, ev.dur]
             elif kind == _RUNTIME:
                 a = ev.args
-                tid = ev.tid
-                runtime.append(RuntimeCall(intern(ev.name), ev.ts, ev.dur,
-                                           tid if type(tid) is int else 0,
+                tid = thread(ev.tid)
+                if tid is None:
+                    tid = self._thread(ev.tid)
+                runtime.append(RuntimeCall(intern(ev.name), ev.ts, ev.dur, tid,
                                            a.correlation, a.external_id))
             elif kind == _KERNEL:
                 a = ev.args
