@@ -95,13 +95,51 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args = _NO_ARGS  # shared: flows and metadata events have no args
 
 
+# The fast path tells events apart by "ph" (Kineto writes it first): flows are most of what the
+# model does not use, so their struct reads none of their keys (the renamed fields never occur)
+# and they cost no strings or floats. A batch with any other "ph" (or none) fails validation and
+# is decoded again with the plain _Event list, which takes everything.
+_UNUSED = "tb_gpuprof: not a key"  # never in a trace: the field keeps its default
+
+
+class _Complete(_Event, tag_field="ph", tag="X"):
+    pass
+
+
+class _Metadata(_Event, tag_field="ph", tag="M"):
+    pass
+
+
+class _Instant(_Event, tag_field="ph", tag="i"):
+    pass
+
+
+class _FlowBase(msgspec.Struct, gc=False):
+    cat: str = msgspec.field(default="", name=_UNUSED)
+    name: str = msgspec.field(default="", name=_UNUSED + "n")
+
+
+class _FlowStart(_FlowBase, tag_field="ph", tag="s"):
+    pass
+
+
+class _FlowEnd(_FlowBase, tag_field="ph", tag="f"):
+    pass
+
+
+class _FlowStep(_FlowBase, tag_field="ph", tag="t"):
+    pass
+
+
 _EventList = list[_Event]
+_TaggedList = list[_Complete | _Metadata | _Instant | _FlowStart | _FlowEnd | _FlowStep]
 _TraceObject = msgspec.defstruct(
     "_TraceObject",
     [("traceEvents", _EventList)] + [(k, Any, None) for k in META_KEYS],
     gc=False,
 )
 _EVENTS_DECODER = msgspec.json.Decoder(_EventList, strict=False)
+_TAGGED_DECODER = msgspec.json.Decoder(_TaggedList, strict=False)
 _FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
 _HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
 _TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -339,7 +377,12 @@ def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[byt
         with memoryview(buf) as whole:
             batch = whole[: comma + 1]
             try:
-                events = _EVENTS_DECODER.decode(batch)
+                events = _TAGGED_DECODER.decode(batch)
+            except msgspec.ValidationError:  # a "ph" the fast path does not know: decode all
+                try:
+                    events = _EVENTS_DECODER.decode(batch)
+                except msgspec.DecodeError:
+                    events = None
             except msgspec.DecodeError:
                 events = None
             decoded = events is not None
