@@ -312,3 +312,17 @@ def test_decode_structs_are_not_tracked_by_the_collector():
 
     (ev,) = kineto._EVENTS_DECODER.decode(b'[{"cat": "kernel", "args": {"grid": [1, 2, 3]}}]')
     assert not gc.is_tracked(ev) and not gc.is_tracked(ev.args)
+
+
+def test_phases_the_fast_path_does_not_know_still_stream(tmp_path, monkeypatch):
+    """Counters ("C"), async ("b"/"e") and events without "ph" take the plain decoder."""
+    events = [_x("kernel", f"k{i}", float(i), 1.0, correlation=i) for i in range(2000)]
+    events[500] = {"ph": "C", "name": "memory", "pid": 1, "ts": 500.0, "args": {"bytes": 5}}
+    events[900] = {"ph": "b", "cat": "async", "name": "a", "id": 1, "ts": 900.0}
+    events[1500] = {"cat": "kernel", "name": "no_ph", "pid": 0, "tid": 7, "ts": 1500.0,
+                    "dur": 1.0, "args": {"correlation": 1500}}
+    monkeypatch.setattr(kineto, "BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(kineto, "_full_decode", _no_full_decode)
+    p = read_kineto(_write(tmp_path / "phases.json", json.dumps({"traceEvents": events})))
+    assert [k.correlation for k in p.kernels] == [i for i in range(2000) if i not in (500, 900)]
+    assert p.metadata["events"] == 2000
