@@ -276,11 +276,12 @@ def _read_ahead(blocks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
 
 def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
     it = _blocks(path)
-    buf, is_list, events_at = _find_events(path, it, builder)
+    head, is_list, events_at = _find_events(path, it, builder)
     # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
     # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
     # the buffer into a JSON array in place, decoded through a memoryview: no copies.
-    buf = bytearray(buf[events_at - 1 :])
+    buf = bytearray(head[events_at - 1 :])
+    del head
     gap: re.Pattern[bytes] | None = None
     while True:
         if gap is None:
@@ -376,6 +377,7 @@ def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[byt
         buf[0], buf[comma] = 0x5B, 0x5D  # "[", "]"
         with memoryview(buf) as whole:
             batch = whole[: comma + 1]
+            events: list[Any] | None
             try:
                 events = _TAGGED_DECODER.decode(batch)
             except msgspec.ValidationError:  # a "ph" the fast path does not know: decode all
@@ -638,7 +640,7 @@ class _ProfileBuilder:
             cached = self._dims_cache[key] = (x, y, z)
         return cached
 
-    def add_events(self, events: list[_Event]) -> None:
+    def add_events(self, events: list[Any]) -> None:  # _Event and the tagged structs
         # The hot loop of the reader: locals for everything, one constructor call per object.
         p = self.profile
         cpu_ops, gpu, runtime, annotations = p.cpu_ops, p.gpu, p.runtime, p.annotations

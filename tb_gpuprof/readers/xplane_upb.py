@@ -28,7 +28,6 @@ from .xplane_schema import (
     XSpace,
 )
 
-_MISSING = object()
 _PLANES_READ = (wire.HOST_PLANE, wire.CUPTI_PLANE, wire.METADATA_PLANE, wire.TASK_ENV_PLANE)
 
 
@@ -180,7 +179,7 @@ class UpbReader(wire._Reader):
         elif p.name in (wire.HOST_PLANE, wire.CUPTI_PLANE):
             self.read_host_plane(p, cupti=p.name == wire.CUPTI_PLANE)
         elif p.name == wire.METADATA_PLANE:
-            self.read_metadata_plane(p)
+            self.read_metadata_plane(p)  # type: ignore[arg-type]  # via our plane_stats
         elif p.name == wire.TASK_ENV_PLANE:
             self.read_task_environment(p)
 
@@ -240,8 +239,9 @@ class UpbReader(wire._Reader):
             if not off and not ev.HasField("offset_ps"):
                 continue  # aggregated (num_occurrences): no place on a timeline
             key = (ev.metadata_id, per_launch.key(ev_bytes))
-            t = templates.get(key, _MISSING)
-            if t is _MISSING:
+            try:
+                t = templates[key]
+            except KeyError:  # a new launch site: decode its stats once
                 st = _stats(XEvent.FromString(ev_bytes).stats, p.names, wanted)
                 name = p.emd.get(ev.metadata_id, wire._NO_MD)[0]
                 t = templates[key] = self.gpu_activity(name, st, op_cache, num_sms)
