@@ -10,6 +10,7 @@ parsed to events, other lines stop at their header.
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -297,8 +298,11 @@ class UpbReader(wire._Reader):
         for raw in p.msg.lines:
             line = XLineSlim.FromString(raw)
             tid, base_ps = line.id, line.timestamp_ns * 1000
-            for ev, ev_bytes in zip(line.events, XLineEventBytes.FromString(raw).events,
-                                    strict=True):
+            # A line none of whose bytes look like a wanted stat (the threads that launch
+            # nothing) never needs its events' bytes.
+            events_bytes = (XLineEventBytes.FromString(raw).events if find(raw) is not None
+                            else itertools.repeat(b"", len(line.events)))
+            for ev, ev_bytes in zip(line.events, events_bytes, strict=True):
                 mid = ev.metadata_id
                 cat = cats.get(mid)
                 if cat is None:
@@ -311,7 +315,7 @@ class UpbReader(wire._Reader):
                 if not off and not ev.HasField("offset_ps"):
                     continue  # aggregated: no place on a timeline
                 dur = ev.duration_ps
-                if find(ev_bytes) is not None:
+                if ev_bytes and find(ev_bytes) is not None:
                     st = _stats(XEvent.FromString(ev_bytes).stats, names, wanted) or None
                     host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
                 elif cat[0] == user:  # the common case, inline: a TraceMe range
