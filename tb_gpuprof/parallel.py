@@ -36,7 +36,7 @@ class RankResult:
     path: str
     report: dict[str, Any]
     seconds: float
-    peak_bytes: int | None  # the worker's peak RSS growth while analysing this trace
+    peak_bytes: int | None  # the worker's peak RSS above its baseline while on this trace
 
 
 def find_rank_traces(directory: str) -> list[str]:
@@ -74,14 +74,30 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+_baseline: tuple[int, int | None] | None = None  # (pid, RSS in KiB after the imports)
+
+
+def _baseline_kib() -> int | None:
+    """This process's RSS once the analysis is imported, before it analysed anything here.
+
+    A reused worker keeps the memory of its last trace (freed, but not returned to the OS),
+    so what a trace costs is measured as the process's peak above this baseline: the
+    footprint a worker reaches, which is what admitting one more worker has to allow for.
+    """
+    global _baseline
+    if _baseline is None or _baseline[0] != os.getpid():  # fork copies the parent's
+        _baseline = (os.getpid(), _status_kib("VmRSS:"))
+    return _baseline[1]
+
+
 def analyze_trace(path: str, iter_start: int | None = None, iter_stop: int | None = None,
                   key: str | None = None) -> RankResult:
     """Read one rank's trace and build its report; measures its own time and peak memory."""
     from .analysis.report import build_report
     from .readers import load_profile
 
+    before = _baseline_kib()
     measured = _reset_peak_rss()
-    before = _status_kib("VmRSS:")
     t0 = time.perf_counter()
     report = build_report(load_profile(path), iter_start=iter_start, iter_stop=iter_stop,
                           key=key)
