@@ -28,6 +28,7 @@ from .recommend import SEVERITY_ORDER
 from .savings import retime
 from .whatif import Replay, SimKernel, build_replay, calibrate
 
+MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
 COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -135,6 +136,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                  "synchronization": 0.0, "other": 0.0}
 
     sim_kernels: list[SimKernel] = []
+    sim_counts: list[int] = []  # kernels of the first i + 1 iterations
     for w, acts in zip(windows, per_window, strict=True):
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
@@ -202,6 +204,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                     flop_groups.setdefault(ctx.flop_op, []).append(
                         (k, dur, cls.tc_capable or cls.uses_tensor_cores
                          or cat in ("gemm", "conv", "attention")))
+        sim_counts.append(len(sim_kernels))
         busy_cov = Coverage(busy_iv)
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
@@ -348,10 +351,11 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["recommendations"] = recommend(report)
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
-    replay = _replay(profile, sim_kernels, host, windows)
+    # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
+    n = max(1, sum(1 for c in sim_counts if c <= MAX_REPLAY_KERNELS))
+    replay = _replay(profile, sim_kernels[:sim_counts[n - 1]], host, windows[:n])
     retime(report["recommendations"], replay, measured,
-           calibrate(replay, measured * len(windows) * 1e3) if unprofiled_ms and replay
-           else 1.0,
+           calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay else 1.0,
            "un-profiled" if unprofiled_ms else "profiled")
     report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
                                                   SEVERITY_ORDER.get(r["severity"], 3)))
