@@ -94,6 +94,8 @@ class HookCore:
         self._stop_flusher = threading.Event()
         self.iteration = 0
         self.rank: int | None = None  # decided by the framework adapter; None: no distributed job
+        self.extra_flags: dict[str, Any] = {}  # adapters' own flags (the Trainer's), for rules
+        self.peak_tflops: float | None = None  # overrides the peak table for MFU
         self._wall_ms: list[float] = []
         # (step, true iteration period in ms, whether it came from the GPU step-to-step events)
         self._periods: collections.deque[tuple[int, float, bool]] = \
