@@ -26,6 +26,7 @@ from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
 from .recommend import SEVERITY_ORDER
 from .savings import retime
+from .schema import check_built_report
 from .whatif import Replay, SimKernel, build_replay, calibrate
 
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
@@ -355,6 +356,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
            "un-profiled" if unprofiled_ms else "profiled")
     report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
                                                   SEVERITY_ORDER.get(r["severity"], 3)))
+    check_built_report(report)
     return report
 
 
