@@ -70,16 +70,18 @@ class _TrainerProfiler(GpuProfiler):
         self.extra_flags = extra_flags
         self.peak_tflops = peak_tflops
 
-    def _window_report(self, path: str, env: dict[str, Any], *args: Any,
-                       **kwargs: Any) -> dict[str, Any]:
+    def _analyze_in_child(self, raw: str, env: dict[str, Any], *args: Any,
+                          **kwargs: Any) -> None:
         flags = env.setdefault("flags", {})  # env is also self.env, the run summary's
         flags.update(self.extra_flags)
         if self.extra_flags.get("trainer_torch_compile"):
             flags["compiled"] = True
-        report = super()._window_report(path, env, *args, **kwargs)
+        super()._analyze_in_child(raw, env, *args, **kwargs)
+
+    def _store_report(self, report: dict[str, Any], step: int) -> None:
         if self.peak_tflops is not None:
             report["throughput"] = throughput_section(report, peak_tflops=self.peak_tflops)
-        return report
+        super()._store_report(report, step)
 
 
 class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]

@@ -13,6 +13,8 @@ import copy
 import json
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import jsonschema
@@ -133,3 +135,24 @@ def test_docs_name_every_field_of_the_schema() -> None:
     missing = {f"{section}.{field}" for section, fields in _properties(json_schema()).items()
                for field in fields if field not in documented}
     assert not missing, f"docs/report-schema.md does not describe {sorted(missing)}"
+
+
+def test_the_frontend_schema_is_the_backends() -> None:
+    # frontend/report.schema.json is what report.gen.ts is generated from; CI regenerates it
+    # with `tb-gpuprof schema`, so a schema change without regenerating fails here first
+    committed = (REPO / "frontend" / "report.schema.json").read_text(encoding="utf-8")
+    assert committed == run_cli("schema").stdout, \
+        "run `python -m tb_gpuprof schema > frontend/report.schema.json && " \
+        "(cd frontend && npm run build)` and commit both"
+
+
+def test_the_committed_frontend_types_are_generated_from_it() -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (CI runs the same check in .ci/run)")
+    proc = subprocess.run([node, str(REPO / "frontend" / "gen_types.mjs"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    gen = (REPO / "frontend" / "src" / "report.gen.ts").read_text(encoding="utf-8")
+    for section in SECTIONS:
+        assert f"export interface {section} " in gen

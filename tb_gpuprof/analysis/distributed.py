@@ -146,8 +146,9 @@ def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str,
     n = max(len(rows), 1)
     total = {k: sum(r[k] for r in rows) for k in
              ("wall_ms", "compute_ms", "communication_ms", "overlap_ms", "exposed_ms")}
-    collectives = sorted(({"name": name, "count": len(d), "total_us": round(sum(d), 3)}
-                          for name, d in names.items()), key=lambda c: -c["total_us"])
+    collectives: list[dict[str, Any]] = sorted(
+        ({"name": name, "count": len(d), "total_us": round(sum(d), 3)}
+         for name, d in names.items()), key=lambda c: -c["total_us"])
     return {
         "rank": dist.get("rank"), "world_size": world, "backend": dist.get("backend"),
         "communication_source": comm_source, "compute_source": compute_source,

@@ -64,8 +64,9 @@ def _sum(report: dict[str, Any], pred: Callable[[dict[str, Any]], bool]) -> floa
 
 
 def _is_fp32_simt_eligible(k: dict[str, Any]) -> bool:
-    return (k.get("tc_eligible") and not k["uses_tensor_cores"] and k["precision"] == "fp32"
-            and k["category"] in ("gemm", "conv", "attention", "other"))
+    return bool(k.get("tc_eligible") and not k["uses_tensor_cores"]
+                and k["precision"] == "fp32"
+                and k["category"] in ("gemm", "conv", "attention", "other"))
 
 
 def _framework(report: dict[str, Any]) -> str | None:

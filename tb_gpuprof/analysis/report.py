@@ -108,11 +108,11 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
             # Launched before the trace began (e.g. in the profiler's warm-up step): this is
             # backlog from an earlier iteration, not work of the one it happens to overlap.
             continue
-        w = window_of(ctx.launch_us if ctx else a.start_us)
-        if w is None and ctx is not None:
-            w = window_of(a.start_us)
-        if w is not None:
-            per_window[w].append((a, ctx))
+        wi = window_of(ctx.launch_us if ctx else a.start_us)
+        if wi is None and ctx is not None:
+            wi = window_of(a.start_us)
+        if wi is not None:
+            per_window[wi].append((a, ctx))
 
     assigned = {id(a) for acts in per_window for a, _ in acts}
     _align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
@@ -124,7 +124,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     category_us: dict[str, float] = {}
     phase_us = {FORWARD: 0.0, BACKWARD: 0.0, OPTIMIZER_PHASE: 0.0}
     phase_known = False
-    items = []
+    items: list[dict[str, Any]] = []
     dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
                         if x.kind == DATALOADER and not x.on_gpu])
     sync_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
