@@ -24,7 +24,7 @@ from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
-from .recommend import SEVERITY_ORDER
+from .rules import SEVERITY_ORDER
 from .savings import retime
 from .schema import check_built_report
 from .whatif import Replay, SimKernel, build_replay, calibrate
@@ -72,10 +72,13 @@ def _kernel_class(a: GpuActivity, ctx: LaunchContext | None) -> tuple[KernelClas
 def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: int | None = None,
                  key: str | None = None, env: dict[str, Any] | None = None,
                  telemetry: dict[str, Any] | None = None,
-                 peak_tflops: float | None = None) -> dict[str, Any]:
+                 peak_tflops: float | None = None,
+                 topology: dict[str, Any] | None = None) -> dict[str, Any]:
     """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md).
 
     ``peak_tflops`` overrides the peak table's dense TFLOP/s for MFU (analysis/throughput.py).
+    ``topology`` (tb_gpuprof.nvml.topology's dict, which a hook records) lets the
+    ``gpu_placement`` rule judge the job's GPUs.
     """
     if not profile.gpu and not profile.cpu_ops:
         raise EmptyProfileError(profile.source, "the trace holds no GPU or CPU activity")
@@ -341,13 +344,13 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
         warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
                         "Tensor Core and kernel views are empty")
     from .distributed import communication_section
-    from .recommend import recommend
+    from .rules import recommend
     from .throughput import throughput_section
 
     report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows)
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
-    report["recommendations"] = recommend(report)
+    report["recommendations"] = recommend(report, topology=topology)
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     replay = _replay(profile, sim_kernels, host, windows)
     retime(report["recommendations"], replay, measured,
