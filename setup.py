@@ -5,6 +5,8 @@ from setuptools import find_packages, setup
 TEST_REQUIRES = [
     "pytest>=8",
     "ruff>=0.6",
+    "mypy>=1.10",  # .ci/run type-checks the package (config in pyproject.toml)
+    "jsonschema>=4.0",  # tests/test_schema.py checks real reports against `tb-gpuprof schema`
     # Real training loops in CI run on the CPU build of torch that this machine kind ships.
     "torch==2.13.0",
     "tensorflow-cpu>=2.16",

@@ -108,7 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-tensorboard", action="store_true",
                       help="write the runs and exit without starting TensorBoard")
     demo.add_argument("--no-live", action="store_true", help="skip the live training run")
+    sub.add_parser("schema", help="print the report's JSON Schema (docs/report-schema.md)")
     return parser
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from .analysis.schema import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -200,7 +210,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"report": _cmd_report, "compare": _cmd_compare, "import": _cmd_import,
-            "dmon": _cmd_dmon, "demo": _cmd_demo}
+            "dmon": _cmd_dmon, "demo": _cmd_demo, "schema": _cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

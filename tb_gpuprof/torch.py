@@ -210,7 +210,8 @@ class GpuProfiler(HookCore):
         if not self._started or self._closed:
             return
         self._closed = True
-        if self._window is not None and self._recording and self.iteration > self.iter_start:
+        if (self._window is not None and self._recording and self.iter_start is not None
+                and self.iteration > self.iter_start):
             warnings.warn(f"tb_gpuprof: the loop ended at iteration {self.iteration}, inside "
                           f"the window [{self.iter_start}, {self.iter_stop}); the report covers "
                           "the iterations that ran", GpuProfWarning, stacklevel=2)
@@ -552,7 +553,8 @@ class GpuProfiler(HookCore):
         periods = [ms for step, ms, _ in self._periods]
         self._write_run_summary(
             periods[1:] or periods,  # iteration 0 includes warm-up
-            (self.iter_stop - 1) if self.report is not None else None,
+            (self.iter_stop - 1) if self.report is not None and self.iter_stop is not None
+            else None,
             {"distributed": dist})
 
 

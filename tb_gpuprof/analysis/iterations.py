@@ -131,4 +131,5 @@ def select_windows(plan: IterationPlan, iter_start: int | None,
     numbered = all(w.step is not None for w in plan.windows)
     lo = iter_start if iter_start is not None else -1
     hi = iter_stop if iter_stop is not None else float("inf")
-    return [w for w in plan.windows if lo <= (w.step if numbered else w.index) < hi]
+    return [w for w in plan.windows
+            if lo <= (w.step if numbered and w.step is not None else w.index) < hi]

@@ -211,7 +211,8 @@ def _launch_latency(kernels: Sequence[SimKernel]) -> float:
         first = k.launch_us is not None and k.launch_us not in seen
         if k.launch_us is not None:
             seen.add(k.launch_us)
-        if first and k.act.start_us > free.get(key, float("-inf")) + 1.0:
+        if first and k.launch_us is not None and \
+                k.act.start_us > free.get(key, float("-inf")) + 1.0:
             gaps.append(k.act.start_us - k.launch_us)
         free[key] = max(free.get(key, float("-inf")), k.act.start_us + k.act.dur_us)
     gaps = sorted(g for g in gaps if g >= 0)
