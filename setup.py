@@ -5,6 +5,8 @@ from setuptools import find_packages, setup
 TEST_REQUIRES = [
     "pytest>=8",
     "ruff>=0.6",
+    "mypy>=1.10",  # .ci/run type-checks the package (config in pyproject.toml)
+    "jsonschema>=4.0",  # tests/test_schema.py checks real reports against `tb-gpuprof schema`
     # Real training loops in CI run on the CPU build of torch that this machine kind ships.
     "torch==2.13.0",
     "tensorflow-cpu>=2.16",
@@ -14,6 +16,7 @@ TEST_REQUIRES = [
     "jax>=0.4.30",  # Keras-on-JAX and jax.profiler XPlane tests (CPU build)
     "transformers>=4.40",  # the Trainer callback's test runs a real Trainer on CPU
     "accelerate>=0.26",  # the Trainer's own dependency, and the Accelerate-loop test
+    "dask[distributed]>=2024.1",  # `report DIR --dask` against a real LocalCluster
 ]
 
 setup(
@@ -31,6 +34,8 @@ setup(
         "msgspec>=0.18",  # fast, typed JSON decoding of multi-hundred-MB Kineto traces
         "tensorboard>=2.14",  # the plugin host; also its event-file protos for our writer
         "nvidia-ml-py>=12.535",  # NVML (NVIDIA's own binding, not the deprecated pynvml)
+        # XPlane through its C decoder (upb, default since 4.21); tensorboard requires it too
+        "protobuf>=4.21",
     ],
     extras_require={
         "torch": ["torch>=2.1"],
@@ -39,10 +44,12 @@ setup(
         "demo": ["torch>=2.1,<2.14"],
         "keras": ["keras>=3.0"],
         "transformers": ["torch>=2.1", "transformers>=4.40", "accelerate>=0.26"],
+        # `tb-gpuprof report DIR --dask ADDRESS`: rank traces analysed on a Dask cluster
+        "dask": ["dask[distributed]>=2024.1"],
         "test": TEST_REQUIRES,
-        # benchmarks/bench_parse.py runs torch-tb-profiler side by side (it pulls in pandas;
-        # only the benchmark uses it, never the package).
-        "benchmarks": ["torch-tb-profiler==0.4.3"],
+        # benchmarks run torch-tb-profiler (Kineto; it pulls in pandas) and XProf (XPlane) side
+        # by side; only the benchmarks use them, never the package.
+        "benchmarks": ["torch-tb-profiler==0.4.3", "xprof>=2.20"],
     },
     entry_points={
         "console_scripts": ["tb-gpuprof=tb_gpuprof.cli:main"],

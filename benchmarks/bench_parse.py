@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared", "fixtures",
+FIXTURE = os.path.join(os.path.dirname(__file__), os.pardir, "tests", "data",
                        "kineto_transformer_bf16_h200.json.gz")
 TS_STRIDE_US = 200_000.0  # > the fixture's 151.5 ms span: copies follow each other
 ID_STRIDE = 100_000  # > the fixture's largest correlation / external / flow id
@@ -41,8 +41,18 @@ _SHIFTED = re.compile(
     rb"(\d+(?:\.\d+)?)")
 
 
-def build_trace(fixture: str, out_path: str, size_mb: float) -> tuple[int, int]:
-    """Write a Kineto-layout trace of about ``size_mb`` MB; return (bytes, events)."""
+_LAYOUT_SPACE = re.compile(rb"\n\s*")
+
+
+def build_trace(fixture: str, out_path: str, size_mb: float,
+                layout: str = "kineto") -> tuple[int, int]:
+    """Write a trace of about ``size_mb`` MB; return (bytes, events).
+
+    ``layout``: "kineto" (Kineto's own writer: one event per "  {\\n...\\n  }," block) or
+    "line" (the whole trace on one line, as ``json.dump`` and trace-merging tools write it:
+    every newline and the indentation after it removed; a raw newline is never inside a JSON
+    string, so this changes the layout only).
+    """
     with gzip.open(fixture, "rb") as f:
         text = f.read()
     m = re.search(rb'"traceEvents"\s*:\s*\[', text)
@@ -56,6 +66,11 @@ def build_trace(fixture: str, out_path: str, size_mb: float) -> tuple[int, int]:
     once = [b for b in blocks if b'"ph": "M"' in b or b'"ph": "i"' in b or b'"Trace"' in b]
     repeated = [b for b in blocks if b not in once]
     template = b",".join(repeated)
+    if layout == "line":
+        head, template, trailer = (_LAYOUT_SPACE.sub(b"", x) for x in (head, template, trailer))
+        once = [_LAYOUT_SPACE.sub(b"", b) for b in once]
+    elif layout != "kineto":
+        raise ValueError(f"unknown layout {layout!r}")
     copies = max(1, round(size_mb * 1e6 / len(template)))
 
     def shift(k: int):

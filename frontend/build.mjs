@@ -2,7 +2,7 @@
 // Byte-reproducible: pinned esbuild, no timestamps/banners/sourcemaps, no absolute paths in output,
 // so CI can rebuild and compare with the committed bundle (see check_bundle.sh).
 import { build } from "esbuild";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -10,6 +10,11 @@ const here = dirname(fileURLToPath(import.meta.url));
 const args = process.argv.slice(2);
 const outIdx = args.indexOf("--outfile");
 const outfile = outIdx >= 0 ? resolve(args[outIdx + 1]) : resolve(here, "../tb_gpuprof/static/index.js");
+
+// The report's types first: src/report.gen.ts from report.schema.json (`tb-gpuprof schema`).
+const gen = await import("./gen_types.mjs");
+writeFileSync(resolve(here, "src/report.gen.ts"),
+              gen.generate(JSON.parse(readFileSync(resolve(here, "report.schema.json"), "utf8"))));
 
 const result = await build({
   absWorkingDir: here,

@@ -94,6 +94,8 @@ class HookCore:
         self._stop_flusher = threading.Event()
         self.iteration = 0
         self.rank: int | None = None  # decided by the framework adapter; None: no distributed job
+        self.extra_flags: dict[str, Any] = {}  # adapters' own flags (the Trainer's), for rules
+        self.peak_tflops: float | None = None  # overrides the peak table for MFU
         self._wall_ms: list[float] = []
         # (step, true iteration period in ms, whether it came from the GPU step-to-step events)
         self._periods: collections.deque[tuple[int, float, bool]] = \
@@ -243,6 +245,16 @@ class HookCore:
             inside = [s for s in recent if t0 - period <= s.time <= t1 + period]
         return self._sampler.window_summary(inside)
 
+    def _window_topology(self) -> dict[str, Any] | None:
+        """The host's GPU interconnect with the job's GPUs marked, for the ``gpu_placement``
+        rule (the report's analysis takes it explicitly)."""
+        sampler = self._sampler
+        if sampler is None or not self._on.get("nvml") or len(sampler.devices) < 2:
+            return None  # one GPU: nothing to place
+        from .nvml.topology import topology_from_backend
+
+        return topology_from_backend(sampler.backend, [info.uuid for _, info in sampler.devices])
+
     def _unprofiled(self, skip: Callable[[int], bool], window_start: int,
                     enough_after: Callable[[], bool]) -> dict[str, Any] | None:
         """``env["unprofiled"]``: the median true period of the iterations outside the window
@@ -275,7 +287,11 @@ class HookCore:
         profile and builds the report (off this process's GIL); the report comes back and is
         written into this process's events file."""
         telemetry = self._guard("nvml", self._window_telemetry, t0, t1, when="nvml")
+        if self.extra_flags:  # env is also self.env, the run summary's
+            env.setdefault("flags", {}).update(self.extra_flags)
+        topology = self._guard("nvml", self._window_topology, when="nvml")
         job = {"trace": raw, "key": self.key, "env": env, "telemetry": telemetry,
+               "peak_tflops": self.peak_tflops, "topology": topology,
                "gpu_expected": gpu_expected, "no_gpu_warning": no_gpu_warning,
                "store": None if self._writer is None else
                {"run_dir": self.run_dir, "step": step, "rank": self.rank, "name": stored_name,

@@ -99,7 +99,7 @@ def precision_policy(keras: Any, model: Any) -> str | None:
     name = getattr(policy, "name", None)
     if name:
         return str(name)
-    mp = getattr(keras, "mixed_precision", None)
+    mp: Any = getattr(keras, "mixed_precision", None)
     return _probe(lambda: str(mp.global_policy().name))
 
 

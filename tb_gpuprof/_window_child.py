@@ -52,7 +52,9 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             if job.get("gpu_expected") and not profile.gpu:
                 out["warnings"].append(job["no_gpu_warning"])
             out["report"] = build_report(profile, key=job.get("key"), env=job.get("env"),
-                                         telemetry=job.get("telemetry"))
+                                         telemetry=job.get("telemetry"),
+                                         peak_tflops=job.get("peak_tflops"),
+                                         topology=job.get("topology"))
         except Exception as e:
             out["error"] = f"{type(e).__name__}: {e}"
     out["warnings"].extend(str(w.message) for w in caught)

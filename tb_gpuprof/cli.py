@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="name of the annotation/NVTX range that marks one iteration "
                           "(DLProf's --key_node)")
     rep.add_argument("--run", default=None, help="with a log directory: which run to report")
+    rep.add_argument("--dask", metavar="ADDRESS", default=None,
+                     help="with a directory of rank traces: analyse them on this Dask "
+                          "scheduler (tcp://host:8786) instead of local processes")
+    rep.add_argument("--jobs", type=_positive_int, default=None,
+                     help="with a directory of rank traces: at most this many at once "
+                          "(default: the cores, as memory allows)")
 
     cmp = sub.add_parser(
         "compare", help="compare run B with baseline A; exit 1 when B is too much slower",
@@ -102,15 +108,29 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-tensorboard", action="store_true",
                       help="write the runs and exit without starting TensorBoard")
     demo.add_argument("--no-live", action="store_true", help="skip the live training run")
+    sub.add_parser("schema", help="print the report's JSON Schema (docs/report-schema.md)")
     return parser
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from .analysis.schema import json_schema
+
+    sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from .analysis.format import render
 
     if os.path.isdir(args.path):
-        from .store.reader import load_run_report
+        from .parallel import find_rank_traces
+        from .store.reader import find_runs, load_run_report
 
+        traces = find_rank_traces(args.path) if not find_runs(args.path) else []
+        if traces:  # a directory of rank traces, not a TensorBoard log directory
+            return _report_ranks(traces, args)
         report = load_run_report(args.path, run=args.run)
     else:
         from .analysis.report import build_report
@@ -158,6 +178,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_ranks(traces: list[str], args: argparse.Namespace) -> int:
+    from .parallel import analyze_ranks, render_ranks
+
+    result = analyze_ranks(traces, dask_address=args.dask, workers=args.jobs,
+                           iter_start=args.iter_start, iter_stop=args.iter_stop, key=args.key)
+    sys.stdout.write(render_ranks(result, fmt=args.format))
+    return 0
+
+
 def _cmd_import(args: argparse.Namespace) -> int:
     from .store.importer import import_trace
 
@@ -181,7 +210,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"report": _cmd_report, "compare": _cmd_compare, "import": _cmd_import,
-            "dmon": _cmd_dmon, "demo": _cmd_demo}
+            "dmon": _cmd_dmon, "demo": _cmd_demo, "schema": _cmd_schema}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

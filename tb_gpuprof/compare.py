@@ -62,7 +62,7 @@ def _per_iteration_us(report: dict[str, Any]) -> dict[str, tuple[str, float]]:
 def kernel_changes(a: dict[str, Any], b: dict[str, Any], top: int) -> list[dict[str, Any]]:
     """The ``top`` kernels whose time per iteration changed most (appeared, vanished, moved)."""
     ka, kb = _per_iteration_us(a), _per_iteration_us(b)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in ka.keys() | kb.keys():
         label = (ka.get(name) or kb[name])[0]
         ua, ub = ka.get(name, ("", 0.0))[1], kb.get(name, ("", 0.0))[1]

@@ -144,7 +144,7 @@ def build_resnet(name: str, num_classes: int, width: int = 64) -> Any:
         return getattr(torchvision.models, name)(num_classes=num_classes)
     kind, counts = _STAGES[name]
     basic, bottleneck = _resnet_classes()
-    block = basic if kind == "basic" else bottleneck
+    block: Any = basic if kind == "basic" else bottleneck
     layers: list[Any] = [nn.Conv2d(3, width, 7, 2, 3, bias=False), nn.BatchNorm2d(width),
                          nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
     cin = width

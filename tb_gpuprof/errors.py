@@ -37,3 +37,7 @@ class RunNotFoundError(GpuProfError):
 
 class StoredDataError(GpuProfError):
     """A stored gpuprof blob is corrupt, truncated or in an encoding we do not know."""
+
+
+class ReportSchemaError(GpuProfError, ValueError):
+    """A report does not match the typed report schema (tb_gpuprof/analysis/schema.py)."""

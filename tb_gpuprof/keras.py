@@ -554,7 +554,8 @@ class _TorchWindow(_Window):
     def _start(self) -> None:
         if self.prof is None:
             self._make()
-            self._phase(self.prof.prepare_trace)
+            made: Any = self.prof  # set by _make (mypy keeps the None it narrowed to)
+            self._phase(made.prepare_trace)
         self.prof.start_trace()
 
     def _stop(self) -> None:

@@ -95,6 +95,9 @@ class GpuProfiler(HookCore):
             then covers one iteration); set False if your code reads them.
         scalars: write the always-on scalars (``gpuprof/iteration_time_ms`` ...).
         flush_secs: how often the background thread writes queued scalars.
+        peak_tflops: the GPU's dense peak TFLOP/s for MFU, instead of the built-in table.
+        extra_flags: more flags for the report's ``system.flags`` (framework adapters record
+            their own settings there, e.g. the Hugging Face Trainer's ``fp16``/``bf16``).
     """
 
     def __init__(self, logdir: str | os.PathLike[str], iter_start: int | None = None,
@@ -103,12 +106,17 @@ class GpuProfiler(HookCore):
                  record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
                  model: Any = None, model_hooks: bool = True, nvtx: bool = True,
                  cuda_profiler_api: bool = True, memory: bool = True, scalars: bool = True,
-                 flush_secs: float = 1.0) -> None:
+                 flush_secs: float = 1.0, peak_tflops: float | None = None,
+                 extra_flags: dict[str, Any] | None = None) -> None:
         # run_dir: ``logdir``, or ``logdir/rank<r>`` for rank r > 0 (set at start(), once
         # torch.distributed is up). iteration: index of the iteration in progress.
         self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
                         with_stack=with_stack, record_shapes=record_shapes,
                         with_flops=with_flops, flush_secs=flush_secs)
+        if peak_tflops is not None and not peak_tflops > 0:
+            raise ValueError(f"peak_tflops must be positive, got {peak_tflops}")
+        self.peak_tflops = peak_tflops
+        self.extra_flags = dict(extra_flags or {})
         self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
         self.model = model
         self._want = {"nvml": nvml, "nvtx": nvtx, "cuda_profiler_api": cuda_profiler_api,
@@ -202,7 +210,8 @@ class GpuProfiler(HookCore):
         if not self._started or self._closed:
             return
         self._closed = True
-        if self._window is not None and self._recording and self.iteration > self.iter_start:
+        if (self._window is not None and self._recording and self.iter_start is not None
+                and self.iteration > self.iter_start):
             warnings.warn(f"tb_gpuprof: the loop ended at iteration {self.iteration}, inside "
                           f"the window [{self.iter_start}, {self.iter_stop}); the report covers "
                           "the iterations that ran", GpuProfWarning, stacklevel=2)
@@ -544,7 +553,8 @@ class GpuProfiler(HookCore):
         periods = [ms for step, ms, _ in self._periods]
         self._write_run_summary(
             periods[1:] or periods,  # iteration 0 includes warm-up
-            (self.iter_stop - 1) if self.report is not None else None,
+            (self.iter_stop - 1) if self.report is not None and self.iter_stop is not None
+            else None,
             {"distributed": dist})
 
 

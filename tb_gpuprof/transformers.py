@@ -23,7 +23,6 @@ import time
 import warnings
 from typing import Any
 
-from .analysis.throughput import throughput_section
 from .torch import GpuProfiler, GpuProfWarning
 
 RUN_NAME = "gpuprof"
@@ -61,27 +60,6 @@ def default_run_dir(args: Any) -> str:
                         f"{stamp}_{socket.gethostname()}_{RUN_NAME}")
 
 
-class _TrainerProfiler(GpuProfiler):
-    """GpuProfiler whose window report also carries the Trainer's flags and peak override."""
-
-    def __init__(self, *args: Any, extra_flags: dict[str, Any],
-                 peak_tflops: float | None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.extra_flags = extra_flags
-        self.peak_tflops = peak_tflops
-
-    def _window_report(self, path: str, env: dict[str, Any], *args: Any,
-                       **kwargs: Any) -> dict[str, Any]:
-        flags = env.setdefault("flags", {})  # env is also self.env, the run summary's
-        flags.update(self.extra_flags)
-        if self.extra_flags.get("trainer_torch_compile"):
-            flags["compiled"] = True
-        report = super()._window_report(path, env, *args, **kwargs)
-        if self.peak_tflops is not None:
-            report["throughput"] = throughput_section(report, peak_tflops=self.peak_tflops)
-        return report
-
-
 class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]
     """Profile ``Trainer.train()``: ``GpuProfCallback(logdir, iter_start, iter_stop, **options)``.
 
@@ -115,9 +93,11 @@ class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]
             # on_step_begin marks the step's batches as in hand (the Trainer fetches all of a
             # step's micro-batches first), so the model's forward hook is not needed
             options.setdefault("model_hooks", False)
-            prof = _TrainerProfiler(self.run_dir, self.iter_start, self.iter_stop,
-                                    extra_flags=trainer_flags(args),
-                                    peak_tflops=self.peak_tflops, **options)
+            flags = trainer_flags(args)
+            if flags.get("trainer_torch_compile"):
+                flags["compiled"] = True
+            prof = GpuProfiler(self.run_dir, self.iter_start, self.iter_stop,
+                               extra_flags=flags, peak_tflops=self.peak_tflops, **options)
             # accelerate enters autocast inside the wrapped forward, where no outer hook sees
             # it; the Trainer's arguments say which dtype it uses
             if getattr(args, "bf16", False):

@@ -278,3 +278,9 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
     (trace_dir / "trace.json").symlink_to(outside)
     expected[("linked", 1)] = _as_json(real_reports["xplane"])
     return GpuProfLogdir(logdir, expected, outside)
+
+
+# Every report built in the test session (here, in CLI subprocesses and in the hooks' analysis
+# child processes, which inherit the environment) is validated against the typed schema and a
+# mismatch raises (tb_gpuprof/analysis/schema.py).
+os.environ["TB_GPUPROF_STRICT_SCHEMA"] = "1"

@@ -236,3 +236,93 @@ def test_tolerates_what_kineto_gets_wrong(tmp_path):
 def test_trace_without_events_is_empty(tmp_path):
     with pytest.raises(EmptyProfileError, match="no kernels"):
         read_kineto(_trace(tmp_path, []))
+
+
+# --- streaming: every layout is decoded in batches, never as one document ----------------------
+
+def _no_full_decode(*_args):
+    raise AssertionError("fell back to decoding the whole file at once")
+
+
+def _layout_text(layout: str, doc: dict) -> str:
+    if layout == "one_line":  # json.dump's default: ", " and ": " separators
+        return json.dumps(doc)
+    if layout == "compact":  # trace mergers: no spaces at all
+        return json.dumps(doc, separators=(",", ":"))
+    if layout == "indent2":
+        return json.dumps(doc, indent=2)
+    if layout == "tabs_crlf":
+        return json.dumps(doc, indent="\t").replace("\n", "\r\n")
+    if layout == "bare_list_one_line":
+        return json.dumps(doc["traceEvents"])
+    if layout == "bare_list_kineto":
+        return _kineto_layout(doc["traceEvents"])
+    raise ValueError(layout)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["json", "gzip"])
+@pytest.mark.parametrize("layout", ["one_line", "compact", "indent2", "tabs_crlf",
+                                    "bare_list_one_line", "bare_list_kineto"])
+def test_every_layout_streams_in_small_batches(layout, gz, trace_doc, profile, tmp_path,
+                                               monkeypatch):
+    """Hundreds of 64 KB batches; the result equals the reader's on Kineto's own file."""
+    name = f"{layout}.json" + (".gz" if gz else "")
+    path = _write(tmp_path / name, _layout_text(layout, trace_doc))
+    monkeypatch.setattr(kineto, "BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto, "_full_decode", _no_full_decode)
+    other = read_kineto(path)
+    n = 4 if "list" in layout else 6  # a bare list has no header: no devices, no flags
+    assert _summary(other)[:n] == _summary(profile)[:n]
+    assert other.metadata["events"] == len(trace_doc["traceEvents"])
+
+
+def test_event_gaps_inside_strings_and_nested_lists_are_not_cuts(tmp_path, monkeypatch):
+    """'}, {' inside a name and inside a list of objects: wrong cuts that must be skipped."""
+    tricky = 'kernel<{a}, {b}>"}, {"x'
+    events = []
+    for i in range(3000):
+        events.append(_x("kernel", tricky + str(i), float(i), 1.0, correlation=i,
+                         note=[{"k": 1}, {"k": 2}] * 3))
+        events.append(_x("cpu_op", f"aten::op{i % 7}", float(i), 0.5, **{"External id": i}))
+    path = _write(tmp_path / "tricky.json", json.dumps({"traceEvents": events}))
+    monkeypatch.setattr(kineto, "BLOCK_BYTES", 4 << 10)
+    monkeypatch.setattr(kineto, "_full_decode", _no_full_decode)
+    p = read_kineto(path)
+    assert [k.name for k in p.kernels] == [e["name"] for e in events if e["cat"] == "kernel"]
+    assert [o.external_id for o in p.cpu_ops] == list(range(3000))
+
+
+def test_the_reader_leaves_the_garbage_collector_alone(kineto_trace):
+    import gc
+
+    assert gc.isenabled()
+    before = gc.get_threshold()
+    seen = []
+    gc.callbacks.append(lambda phase, info: seen.append(gc.isenabled()))
+    try:
+        read_kineto(kineto_trace)
+    finally:
+        gc.callbacks.pop()
+    assert gc.isenabled() and gc.get_threshold() == before
+    assert seen  # collections ran while the reader built the model: it did not pause them
+
+
+def test_decode_structs_are_not_tracked_by_the_collector():
+    import gc
+
+    (ev,) = kineto._EVENTS_DECODER.decode(b'[{"cat": "kernel", "args": {"grid": [1, 2, 3]}}]')
+    assert not gc.is_tracked(ev) and not gc.is_tracked(ev.args)
+
+
+def test_phases_the_fast_path_does_not_know_still_stream(tmp_path, monkeypatch):
+    """Counters ("C"), async ("b"/"e") and events without "ph" take the plain decoder."""
+    events = [_x("kernel", f"k{i}", float(i), 1.0, correlation=i) for i in range(2000)]
+    events[500] = {"ph": "C", "name": "memory", "pid": 1, "ts": 500.0, "args": {"bytes": 5}}
+    events[900] = {"ph": "b", "cat": "async", "name": "a", "id": 1, "ts": 900.0}
+    events[1500] = {"cat": "kernel", "name": "no_ph", "pid": 0, "tid": 7, "ts": 1500.0,
+                    "dur": 1.0, "args": {"correlation": 1500}}
+    monkeypatch.setattr(kineto, "BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(kineto, "_full_decode", _no_full_decode)
+    p = read_kineto(_write(tmp_path / "phases.json", json.dumps({"traceEvents": events})))
+    assert [k.correlation for k in p.kernels] == [i for i in range(2000) if i not in (500, 900)]
+    assert p.metadata["events"] == 2000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +21,31 @@ def _truncated_json(src: Path, d: Path) -> Path:
     text = gzip.decompress(src.read_bytes())
     (d / "truncated.json").write_bytes(text[: len(text) // 2])
     return d / "truncated.json"
+
+
+def _one_line(src: Path) -> bytes:
+    """The fixture as json.dump writes it: the whole trace on one line."""
+    return json.dumps(json.loads(gzip.decompress(src.read_bytes()))).encode()
+
+
+def _truncated_one_line(src: Path, d: Path) -> Path:
+    text = _one_line(src)
+    (d / "truncated_line.json").write_bytes(text[: len(text) * 2 // 3])
+    return d / "truncated_line.json"
+
+
+def _truncated_one_line_gzip(src: Path, d: Path) -> Path:
+    text = _one_line(src)
+    (d / "truncated_line.json.gz").write_bytes(gzip.compress(text[: len(text) // 3]))
+    return d / "truncated_line.json.gz"
+
+
+def _garbage_inside_one_line(src: Path, d: Path) -> Path:
+    text = bytearray(_one_line(src))
+    middle = len(text) // 2
+    text[middle:middle + 64] = bytes(range(1, 65))  # binary noise in the event list
+    (d / "noisy_line.json").write_bytes(bytes(text))
+    return d / "noisy_line.json"
 
 
 def _truncated_gzip(src: Path, d: Path) -> Path:
@@ -70,6 +96,9 @@ def _truncated_sqlite(_src: Path, d: Path) -> Path:
 CASES = {
     "truncated json": (_truncated_json, "truncated"),
     "truncated gzip": (_truncated_gzip, "truncated"),
+    "truncated one-line json": (_truncated_one_line, "truncated"),
+    "truncated one-line json in gzip": (_truncated_one_line_gzip, "truncated"),
+    "garbage inside one-line json": (_garbage_inside_one_line, "JSON"),
     "corrupt gzip": (_corrupt_gzip, "gzip"),
     "garbage": (_bytes_file(bytes(range(7, 256)) * 40, "garbage.json"), "not a Kineto"),
     "garbage starting like json": (_bytes_file(b"{\x00\x01 what is this", "g.json"), "JSON"),

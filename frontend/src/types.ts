@@ -1,108 +1,34 @@
-// JSON shapes of docs/report-schema.md and docs/plugin-routes.md. Every field the backend may
+// JSON shapes of docs/report-schema.md (generated) and docs/plugin-routes.md (by hand). Every field the backend may
 // leave null is typed as such: the UI shows "—" rather than guessing.
 
 export type Num = number | null | undefined;
 
-export interface Kernel {
-  name: string;
-  demangled?: string | null;
-  count: number;
-  total_us: number;
-  mean_us?: Num;
-  min_us?: Num;
-  max_us?: Num;
-  pct: Num;
-  uses_tensor_cores: boolean | null;
-  precision: string | null;
-  category: string | null;
-  tc_eligible?: boolean | null;
-  ops?: string[] | null;
-  grid?: number[] | null;
-  block?: number[] | null;
-  registers?: Num;
-  shared_mem?: Num;
-  occupancy_pct?: Num;
-  flops?: Num;
-  bytes?: Num;
-  tflops?: Num;
-  source?: string | null;
-}
+// The report and its sections are generated from the backend's schema (report.gen.ts, from
+// tb_gpuprof/analysis/schema.py): they cannot drift from what build_report writes. Fields
+// added within schema version 1 are optional there, since stored reports may predate them.
+import type * as Gen from "./report.gen";
 
-export interface IterationItem {
-  step: number | null;
-  start_us?: Num;
-  wall_ms: Num;
-  gpu_busy_ms?: Num;
-  breakdown_ms?: Record<string, Num> | null;
-}
-
-export interface Recommendation {
-  id: string;
-  severity: string;
-  title: string;
-  problem: string;
-  evidence?: Record<string, unknown> | null;
-  fix?: Record<string, string> | null;
-  estimated_saving_ms?: Num;
-  estimated_saving_pct?: Num;
-  estimated_range_pct?: [number, number] | null;
-  predicted_iteration_ms?: Num;
-  estimate_basis?: string | null;
-}
-
-export interface Report {
-  schema_version: number;
-  generator?: string;
-  source?: { path?: string; format?: string; events?: number } | null;
-  system?: Record<string, unknown> | null;
-  iterations?: {
-    method?: string;
-    key?: string | null;
-    count?: Num;
-    range?: [number, number] | null;
-    mean_ms?: Num;
-    median_ms?: Num;
-    min_ms?: Num;
-    max_ms?: Num;
-    p95_ms?: Num;
-    gpu_busy_mean_ms?: Num;
-    unprofiled_median_ms?: Num;
-    unprofiled_source?: string | null;
-    profiler_overhead_ratio?: Num;
-    items?: IterationItem[];
-  } | null;
-  bottleneck?: Bottleneck | null;
-  throughput?: { flops_per_iteration?: Num; achieved_tflops?: Num; peak_tflops?: Num; peak_source?: string | null; mfu_pct?: Num } | null;
-  gpu_time_us?: Num;
-  kernels?: Kernel[];
-  kernels_total?: Num;
-  tensor_cores?: Record<string, Num> | null;
-  precision_us?: Record<string, Num> | null;
-  category_us?: Record<string, Num> | null;
-  breakdown?: (Record<string, unknown> & { idle_attribution_us?: Record<string, Num> }) | null;
-  phases?: Record<string, unknown> | null;
-  telemetry?: Record<string, unknown> | null;
-  recommendations?: Recommendation[];
-  warnings?: string[];
-}
-
-export interface Bottleneck {
-  bound: string;
-  verdict: string;
-  basis: "unprofiled" | "profiled";
-  mean_ms: Record<string, number>;
-  mean_pct: Record<string, number>;
-  corrected_ms: Record<string, number> | null;
-  corrected_pct: Record<string, number> | null;
-  items: ({ step: number | null } & Record<string, number | null>)[];
-  sync_sites?: { op: string; source: string | null; count_per_iteration: number; blocked_ms_per_iteration: number }[];
-  glue_max_us?: number;
-  note?: string | null;
-}
+// Views index a few sections by computed keys (`${part}_us`); those sections also take a
+// string index here. (Indexing with `keyof` in the views would let these go.)
+type Indexed<T, V = Num> = T & Record<string, V>;
+export type IterationItem = Omit<Gen.IterationItem, "breakdown_ms"> & {
+  breakdown_ms: Indexed<Gen.IterationBreakdown>;
+};
+export type Report = Omit<Gen.Report, "tensor_cores" | "breakdown" | "iterations"> & {
+  tensor_cores: Indexed<Gen.TensorCores>;
+  breakdown: Indexed<Gen.Breakdown, unknown>;
+  iterations: Omit<Gen.Iterations, "items"> & { items: IterationItem[] };
+};
+export type Kernel = Gen.Kernel;
+export type Recommendation = Gen.Recommendation;
+export type Bottleneck = Gen.Bottleneck;
+export type Throughput = Gen.Throughput;
+export type Telemetry = Gen.Telemetry;
+export type Distributed = Gen.Distributed;
 
 export interface RunInfo {
   run: string;
-  reports: { step: number; wall_time: number }[];
+  reports: { step: number; wall_time: number; rank: number | null }[];
   scalar_tags: string[];
   has_trace: boolean;
   has_telemetry: boolean;
@@ -137,6 +63,7 @@ export interface CompareKernel {
 export interface CompareAnswer {
   runs: CompareRun[];
   kernels: CompareKernel[];
+  kernels_total: number;
 }
 
 export interface TelemetryAnswer {

@@ -149,7 +149,8 @@ def _charge_gap(gs: float, ge: float, host: HostTimeline, out: dict[str, float])
     data = _clip(host.data, gs, ge)
     sync = subtract(_clip(host.sync, gs, ge), data)
     framework = subtract(subtract(_clip(host.framework, gs, ge), data), sync)
-    glue, outside = [], []
+    glue: list[tuple[float, float]] = []
+    outside: list[tuple[float, float]] = []
     for s, e in subtract(subtract(subtract(gap, data), sync), framework):
         (glue if e - s < GLUE_MAX_US else outside).append((s, e))
     dispatch = length(framework) + length(glue)

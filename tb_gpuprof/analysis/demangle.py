@@ -501,7 +501,7 @@ class _Parser:
             cls = _render(self.type())
             member = self.type()
             if isinstance(member, _Fn):
-                t: object = _Fn(member.ret, member.params, f"{cls}::*")
+                t = _Fn(member.ret, member.params, f"{cls}::*")
             else:
                 t = f"{_render(member)} {cls}::*"
             self.subs.append(t)

@@ -16,6 +16,20 @@ from typing import Any
 from ..model import KERNEL, Profile
 from .classify import classify_kernel
 from .intervals import Intervals, intersect, length, merge, subtract
+from .rules.build import by_saving
+from .rules.distributed import (  # noqa: F401  (the rules' old home re-exports them)
+    COMMUNICATION_FIX,
+    COMMUNICATION_HIGH_EXPOSED_PCT,
+    COMMUNICATION_MIN_EXPOSED_PCT,
+    COMMUNICATION_SAVING,
+    STRAGGLER_HIGH_PCT,
+    STRAGGLER_MIN_MS,
+    STRAGGLER_MIN_PCT,
+    distributed_recommendations,
+    rule_communication,
+    rule_distributed_backend,
+    rule_straggler,
+)
 
 # Host-side names of collectives: the ranges gloo/NCCL/MPI/UCC backends record per collective
 # (``gloo:all_reduce`` on gloo's worker threads) and the c10d operators that launch them.
@@ -24,13 +38,6 @@ COMM_OP_PREFIXES = ("c10d::", "record_param_comms", "c10d_functional::", "_c10d_
 NON_COMPUTE_CATEGORIES = {"communication", "memcpy", "memset"}
 TOP_COLLECTIVES = 10
 
-# Rules (docs/recommendations.md).
-COMMUNICATION_MIN_EXPOSED_PCT = 10.0  # exposed communication, of wall time
-COMMUNICATION_HIGH_EXPOSED_PCT = 30.0
-COMMUNICATION_SAVING = 0.5  # share of exposed communication the fixes are assumed to hide
-STRAGGLER_MIN_PCT = 10.0  # slowest rank's working time over the other ranks' median
-STRAGGLER_MIN_MS = 1.0
-STRAGGLER_HIGH_PCT = 25.0
 
 
 # -- one rank -------------------------------------------------------------------------------
@@ -146,8 +153,9 @@ def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str,
     n = max(len(rows), 1)
     total = {k: sum(r[k] for r in rows) for k in
              ("wall_ms", "compute_ms", "communication_ms", "overlap_ms", "exposed_ms")}
-    collectives = sorted(({"name": name, "count": len(d), "total_us": round(sum(d), 3)}
-                          for name, d in names.items()), key=lambda c: -c["total_us"])
+    collectives: list[dict[str, Any]] = sorted(
+        ({"name": name, "count": len(d), "total_us": round(sum(d), 3)}
+         for name, d in names.items()), key=lambda c: -c["total_us"])
     return {
         "rank": dist.get("rank"), "world_size": world, "backend": dist.get("backend"),
         "communication_source": comm_source, "compute_source": compute_source,
@@ -171,95 +179,6 @@ def _ms(us: float) -> float:
 
 def _pct(part: float, whole: float) -> float:
     return round(100.0 * part / whole, 1) if whole > 0 else 0.0
-
-
-# -- recommendations on one rank's report ---------------------------------------------------
-
-def _rec(rid: str, severity: str, title: str, problem: str, evidence: dict[str, Any],
-         fix: dict[str, str], saving_ms: float | None, mean_ms: float | None) -> dict[str, Any]:
-    """The recommendation dict of tb_gpuprof.analysis.recommend."""
-    return {"id": rid, "severity": severity, "title": title, "problem": problem,
-            "evidence": evidence, "fix": fix, "estimated_saving_ms": saving_ms,
-            "estimated_saving_pct": round(100.0 * saving_ms / mean_ms, 1)
-            if saving_ms is not None and mean_ms else None}
-
-
-COMMUNICATION_FIX = {
-    "pytorch": "# larger gradient buckets: fewer, bigger all-reduces that overlap the backward\n"
-               "model = DDP(model, bucket_cap_mb=100, gradient_as_bucket_view=True)\n"
-               "# accumulate gradients locally and all-reduce every k-th step\n"
-               "with model.no_sync():\n"
-               "    loss_fn(model(x), y).backward()\n"
-               "# FSDP: FSDP(model, backward_prefetch=BackwardPrefetch.BACKWARD_PRE, "
-               "forward_prefetch=True)",
-    "keras": "# all-reduce in larger packs and with NCCL\n"
-             "tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce("
-             "num_packs=1))\n"
-             "# and accumulate gradients over several steps (model.fit(..., steps_per_execution=k)"
-             " with a larger global batch)",
-    "jax": "# shard so collectives overlap compute (XLA async collectives), e.g.\n"
-           "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true\n"
-           "# and accumulate gradients over micro-batches before the psum",
-}
-
-
-def rule_communication(report: dict[str, Any]) -> dict[str, Any] | None:
-    """Exposed (non-overlapped) communication is a large share of the iteration."""
-    section = report.get("distributed")
-    if not section or not section.get("communication_us"):
-        return None
-    share = section.get("exposed_pct") or 0.0
-    if share < COMMUNICATION_MIN_EXPOSED_PCT:
-        return None
-    mean = section.get("mean_ms") or {}
-    exposed = mean.get("exposed_ms") or 0.0
-    return _rec("communication", "high" if share >= COMMUNICATION_HIGH_EXPOSED_PCT else "medium",
-                "Hide gradient communication behind compute",
-                f"{share}% of each iteration waits on collective communication that no compute "
-                f"overlaps ({exposed:.2f} ms per iteration; {section.get('overlap_pct')}% of "
-                "communication time is overlapped). Part of it can be waiting for a slower "
-                "rank: the Distributed view compares the ranks.",
-                {"exposed_pct": share, "exposed_ms_per_iteration": exposed,
-                 "communication_pct": section.get("communication_pct"),
-                 "overlap_pct": section.get("overlap_pct"),
-                 "top_collectives": [c["name"] for c in section.get("collectives") or []][:3]},
-                COMMUNICATION_FIX, round(exposed * COMMUNICATION_SAVING, 3),
-                (report.get("iterations") or {}).get("mean_ms"))
-
-
-def _uses_nccl(backend: str) -> bool:
-    # "nccl", or a per-device map such as "cpu:gloo,cuda:nccl"
-    return "nccl" in backend.lower() or "rccl" in backend.lower()
-
-
-def rule_distributed_backend(report: dict[str, Any]) -> dict[str, Any] | None:
-    """Training on GPUs with a non-NCCL process group (gloo/MPI move tensors through the host)."""
-    dist = (report.get("system") or {}).get("distributed") or {}
-    backend, world = dist.get("backend"), dist.get("world_size")
-    if not isinstance(backend, str) or not backend or _uses_nccl(backend):
-        return None
-    if not (isinstance(world, int) and world > 1) or not (report.get("gpu_time_us") or 0) > 0:
-        return None  # CPU training: gloo is the right backend
-    return _rec("distributed_backend", "high", "Use the NCCL backend for GPU training",
-                f"The process group uses {backend!r} while the model trains on GPUs: "
-                "collectives copy every gradient through host memory and run on the CPU "
-                "instead of NVLink/InfiniBand with GPU-side reductions.",
-                {"backend": backend, "world_size": world},
-                {"pytorch": 'torch.distributed.init_process_group(backend="nccl")\n'
-                            '# or keep gloo for CPU tensors: backend="cpu:gloo,cuda:nccl"',
-                 "keras": "tf.distribute.MultiWorkerMirroredStrategy(communication_options="
-                          "tf.distribute.experimental.CommunicationOptions(\n"
-                          "    implementation=tf.distribute.experimental."
-                          "CommunicationImplementation.NCCL))",
-                 "jax": "# JAX uses NCCL on GPUs; do not force a CPU collectives "
-                        "implementation (jax_cpu_collectives_implementation) for GPU arrays"},
-                None, None)
-
-
-def distributed_recommendations(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rules that read one rank's report (recommend.py runs them with the others)."""
-    return [r for r in (rule_communication(report), rule_distributed_backend(report))
-            if r is not None]
 
 
 # -- across ranks ---------------------------------------------------------------------------
@@ -304,44 +223,6 @@ def _straggler(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
             "significant": pct >= STRAGGLER_MIN_PCT and by >= STRAGGLER_MIN_MS}
 
 
-def rule_straggler(summary: dict[str, Any]) -> dict[str, Any] | None:
-    s = summary.get("straggler")
-    if not s or not s["significant"]:
-        return None
-    rows = {r["rank"]: r for r in summary["ranks"]}
-    slow = rows[s["rank"]]
-    others = [r for r in summary["ranks"] if r is not slow]
-    compute_gap = None
-    if slow.get("compute_ms") is not None and all(r.get("compute_ms") is not None
-                                                  for r in others):
-        compute_gap = round(slow["compute_ms"]
-                            - statistics.median(r["compute_ms"] for r in others), 4)
-    where = ("its compute takes longer (uneven work, or a slower or throttled GPU)"
-             if compute_gap is not None and compute_gap >= 0.5 * s["slower_by_ms"]
-             else "the extra time is outside compute (input pipeline, host code, CPU "
-                  "contention on that rank)")
-    mean = statistics.fmean(r["iteration_ms"] for r in summary["ranks"])
-    return _rec("straggler", "high" if s["slower_by_pct"] >= STRAGGLER_HIGH_PCT else "medium",
-                f"Rank {s['rank']} is a straggler: the other ranks wait for it",
-                f"Rank {s['rank']} works {s['slower_by_ms']:.2f} ms ({s['slower_by_pct']}%) "
-                "longer per iteration than the median of the other ranks, which spend that "
-                f"time waiting in collectives; {where}.",
-                {"rank": s["rank"], "slower_by_ms": s["slower_by_ms"],
-                 "slower_by_pct": s["slower_by_pct"], "compute_gap_ms": compute_gap,
-                 "load_imbalance": summary.get("load_imbalance")},
-                {"pytorch": "# on the slow rank, check:\n"
-                            "# - its GPU's telemetry (GPU tab of its run: clocks, throttling)\n"
-                            "# - its input pipeline: DataLoader(num_workers=..., pin_memory=True)\n"
-                            "# - CPU contention: OMP_NUM_THREADS, numactl/taskset per rank\n"
-                            "# - even work: DistributedSampler, equal batch and sequence "
-                            "lengths (padding/bucketing)",
-                 "keras": "# on the slow worker, check its input pipeline (tf.data prefetch/"
-                          "AUTOTUNE),\n# its GPU telemetry and that the data shards are even",
-                 "jax": "# on the slow process, check its host input pipeline and GPU "
-                        "telemetry;\n# keep per-device batch shapes equal"},
-                round(s["slower_by_ms"], 3), mean)
-
-
 def cross_rank_summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Compare the reports of every rank of one window (any order, one report per rank)."""
     rows = sorted((_rank_row(r, i) for i, r in enumerate(reports)), key=lambda r: r["rank"])
@@ -380,7 +261,5 @@ def cross_rank_summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
         rec = rule_distributed_backend(r)
         if rec is not None:
             recs.setdefault("distributed_backend", rec)
-    summary["recommendations"] = sorted(
-        recs.values(), key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
-                                      {"high": 0, "medium": 1}.get(r["severity"], 2)))
+    summary["recommendations"] = by_saving(list(recs.values()))
     return summary

@@ -73,18 +73,24 @@ class Coverage:
 
     def overlap(self, a: float, b: float) -> float:
         """Covered time inside [a, b): prefix sums, then trim the two boundary intervals."""
-        if b <= a or not self.iv:
+        iv = self.iv
+        if b <= a or not iv:
             return 0.0
-        lo = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        hi = bisect.bisect_left(self.starts, b)
+        starts = self.starts
+        lo = bisect.bisect_right(starts, a) - 1
+        if lo < 0:
+            lo = 0
+        hi = bisect.bisect_left(starts, b, lo)
         if hi <= lo:
             return 0.0
         total = self.prefix[hi] - self.prefix[lo]
-        s, e = self.iv[lo]
-        total -= min(max(a - s, 0.0), e - s)  # the part of the first interval before a
-        s, e = self.iv[hi - 1]
-        total -= min(max(e - b, 0.0), e - s)  # the part of the last interval after b
-        return max(total, 0.0)
+        s, e = iv[lo]
+        if a > s:  # the part of the first interval before a
+            total -= a - s if a < e else e - s
+        s, e = iv[hi - 1]
+        if e > b:  # the part of the last interval after b
+            total -= e - b if b > s else e - s
+        return total if total > 0.0 else 0.0
 
     def iv_between(self, a: float, b: float) -> Intervals:
         """The merged intervals that overlap [a, b), unclipped."""

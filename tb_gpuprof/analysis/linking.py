@@ -49,7 +49,7 @@ def link_launches(profile: Profile, is_eligible
 
     Also returns the FLOPs of each op (index into profile.cpu_ops) some launch ran under.
     """
-    by_tid: dict[int, list[tuple[float, int, int, int]]] = {}
+    by_tid: dict[int, list[tuple[float, float, int, int]]] = {}
     # entries: (start, -end-order, kind, index); kind 0 = op, 1 = annotation, 2 = runtime call
     for i, op in enumerate(profile.cpu_ops):
         by_tid.setdefault(op.tid, []).append((op.start_us, -op.dur_us, 0, i))
@@ -98,6 +98,7 @@ def link_launches(profile: Profile, is_eligible
                 cached = None
                 continue
             call = profile.runtime[idx]
+            assert call.correlation is not None  # only correlated calls were queued
             if cached is not None:
                 out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
                 if cached[-1] is not None:
@@ -107,7 +108,7 @@ def link_launches(profile: Profile, is_eligible
             saw_op = False
             flop_op = None
             is_elig = False
-            phase = FORWARD
+            phase: str | None = FORWARD
             types = None
             source = None
             opt_range = None

@@ -24,10 +24,12 @@ from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
-from .recommend import SEVERITY_ORDER
+from .rules import SEVERITY_ORDER
 from .savings import retime
+from .schema import check_built_report
 from .whatif import Replay, SimKernel, build_replay, calibrate
 
+MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
 COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
@@ -71,10 +73,13 @@ def _kernel_class(a: GpuActivity, ctx: LaunchContext | None) -> tuple[KernelClas
 def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: int | None = None,
                  key: str | None = None, env: dict[str, Any] | None = None,
                  telemetry: dict[str, Any] | None = None,
-                 peak_tflops: float | None = None) -> dict[str, Any]:
+                 peak_tflops: float | None = None,
+                 topology: dict[str, Any] | None = None) -> dict[str, Any]:
     """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md).
 
     ``peak_tflops`` overrides the peak table's dense TFLOP/s for MFU (analysis/throughput.py).
+    ``topology`` (tb_gpuprof.nvml.topology's dict, which a hook records) lets the
+    ``gpu_placement`` rule judge the job's GPUs.
     """
     if not profile.gpu and not profile.cpu_ops:
         raise EmptyProfileError(profile.source, "the trace holds no GPU or CPU activity")
@@ -107,11 +112,11 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
             # Launched before the trace began (e.g. in the profiler's warm-up step): this is
             # backlog from an earlier iteration, not work of the one it happens to overlap.
             continue
-        w = window_of(ctx.launch_us if ctx else a.start_us)
-        if w is None and ctx is not None:
-            w = window_of(a.start_us)
-        if w is not None:
-            per_window[w].append((a, ctx))
+        wi = window_of(ctx.launch_us if ctx else a.start_us)
+        if wi is None and ctx is not None:
+            wi = window_of(a.start_us)
+        if wi is not None:
+            per_window[wi].append((a, ctx))
 
     assigned = {id(a) for acts in per_window for a, _ in acts}
     _align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
@@ -123,7 +128,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     category_us: dict[str, float] = {}
     phase_us = {FORWARD: 0.0, BACKWARD: 0.0, OPTIMIZER_PHASE: 0.0}
     phase_known = False
-    items = []
+    items: list[dict[str, Any]] = []
     dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
                         if x.kind == DATALOADER and not x.on_gpu])
     sync_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
@@ -135,6 +140,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                  "synchronization": 0.0, "other": 0.0}
 
     sim_kernels: list[SimKernel] = []
+    sim_counts: list[int] = []  # kernels of the first i + 1 iterations
     for w, acts in zip(windows, per_window, strict=True):
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
@@ -202,6 +208,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                     flop_groups.setdefault(ctx.flop_op, []).append(
                         (k, dur, cls.tc_capable or cls.uses_tensor_cores
                          or cat in ("gemm", "conv", "attention")))
+        sim_counts.append(len(sim_kernels))
         busy_cov = Coverage(busy_iv)
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
@@ -340,21 +347,23 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
         warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
                         "Tensor Core and kernel views are empty")
     from .distributed import communication_section
-    from .recommend import recommend
+    from .rules import recommend
     from .throughput import throughput_section
 
     report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows)
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
-    report["recommendations"] = recommend(report)
+    report["recommendations"] = recommend(report, topology=topology)
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
-    replay = _replay(profile, sim_kernels, host, windows)
+    # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
+    n = max(1, sum(1 for c in sim_counts if c <= MAX_REPLAY_KERNELS))
+    replay = _replay(profile, sim_kernels[:sim_counts[n - 1]], host, windows[:n])
     retime(report["recommendations"], replay, measured,
-           calibrate(replay, measured * len(windows) * 1e3) if unprofiled_ms and replay
-           else 1.0,
+           calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay else 1.0,
            "un-profiled" if unprofiled_ms else "profiled")
     report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
                                                   SEVERITY_ORDER.get(r["severity"], 3)))
+    check_built_report(report)
     return report
 
 

@@ -125,6 +125,7 @@ def throughput_section(report: dict[str, Any], *,
     else:
         iter_ms, time_source = float(it.get("median_ms") or 0.0), "window_median_ms"
     precision, precision_source = compute_precision(report)
+    peak: float | None
     if peak_tflops is not None:
         peak, peak_source = float(peak_tflops), "peak_tflops argument"
     else:

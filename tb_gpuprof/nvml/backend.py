@@ -66,7 +66,7 @@ class DeviceInfo:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> DeviceInfo:
-        return cls(**{k: obj.get(k) for k in cls.__slots__ if k in obj})
+        return cls(**{k: obj[k] for k in cls.__slots__ if k in obj})
 
 
 def _text(value: Any) -> str:
@@ -198,7 +198,8 @@ class NvmlBackend:
 
     # ---- sampling ----
     def _code(self, exc: Exception) -> str:
-        return self._codes.get(getattr(exc, "value", None), "UNKNOWN")
+        code = getattr(exc, "value", None)
+        return self._codes.get(code, "UNKNOWN") if isinstance(code, int) else "UNKNOWN"
 
     def read(self, uuid: str, fields: tuple[str, ...] | list[str]) -> dict[str, Any]:
         """One tick of raw answers; raises GpuLostError when the GPU is gone."""

@@ -12,7 +12,7 @@ still correct. Errors name the file and the problem in one line (:class:`TraceRe
 
 from __future__ import annotations
 
-import gc
+import collections
 import gzip
 import json
 import os
@@ -45,7 +45,9 @@ from ..model import (
 )
 
 BLOCK_BYTES = 8 << 20  # read/decompress granularity; one batch of events is about this big
-MAX_PENDING_BYTES = 64 << 20  # no event boundary within this much text: not Kineto's layout
+MAX_PENDING_BYTES = 64 << 20  # no event boundary within this much text: not a list of events
+GAP_SEARCH_BYTES = 64 << 10  # first window searched backwards for the last event gap
+MAX_CUT_TRIES = 4  # candidate gaps tried per batch before the tolerant decode
 HEADER_LIMIT_BYTES = 16 << 20  # "traceEvents" must start within this much of the file
 TOLERANT_FALLBACK_LIMIT = 256 << 20  # stdlib json retry (non-strict) only below this size
 
@@ -58,7 +60,7 @@ META_KEYS = (
 )
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False, frozen=True):
     external_id: int | None = msgspec.field(default=None, name="External id")
     device: int | None = None
     stream: int | None = None
@@ -67,8 +69,8 @@ class _Args(msgspec.Struct):
     shared_mem: int | None = msgspec.field(default=None, name="shared memory")
     blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
     occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
-    grid: list[int] | None = None
-    block: list[int] | None = None
+    grid: tuple[int, ...] | None = None
+    block: tuple[int, ...] | None = None
     bytes: int | None = None
     # Raw: shapes repeat across iterations; decoded once per distinct text (empty when absent)
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
@@ -79,7 +81,10 @@ class _Args(msgspec.Struct):
     name: Any = None  # thread_name / process_name metadata events
 
 
-class _Event(msgspec.Struct):
+_NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
     # No "ph": the category tells what an event is; flows (s/f) and instants have none we use.
     cat: str = ""
     name: str = ""
@@ -87,18 +92,59 @@ class _Event(msgspec.Struct):
     tid: int | str | None = None
     ts: float = 0.0
     dur: float = 0.0
-    args: _Args = msgspec.field(default_factory=_Args)
+    args: _Args = _NO_ARGS  # shared: flows and metadata events have no args
+
+
+# The fast path tells events apart by "ph" (Kineto writes it first): flows are most of what the
+# model does not use, so their struct reads none of their keys (the renamed fields never occur)
+# and they cost no strings or floats. A batch with any other "ph" (or none) fails validation and
+# is decoded again with the plain _Event list, which takes everything.
+_UNUSED = "tb_gpuprof: not a key"  # never in a trace: the field keeps its default
+
+
+class _Complete(_Event, tag_field="ph", tag="X"):
+    pass
+
+
+class _Metadata(_Event, tag_field="ph", tag="M"):
+    pass
+
+
+class _Instant(_Event, tag_field="ph", tag="i"):
+    pass
+
+
+class _FlowBase(msgspec.Struct, gc=False):
+    cat: str = msgspec.field(default="", name=_UNUSED)
+    name: str = msgspec.field(default="", name=_UNUSED + "n")
+
+
+class _FlowStart(_FlowBase, tag_field="ph", tag="s"):
+    pass
+
+
+class _FlowEnd(_FlowBase, tag_field="ph", tag="f"):
+    pass
+
+
+class _FlowStep(_FlowBase, tag_field="ph", tag="t"):
+    pass
 
 
 _EventList = list[_Event]
+_TaggedList = list[_Complete | _Metadata | _Instant | _FlowStart | _FlowEnd | _FlowStep]
 _TraceObject = msgspec.defstruct(
     "_TraceObject",
     [("traceEvents", _EventList)] + [(k, Any, None) for k in META_KEYS],
+    gc=False,
 )
 _EVENTS_DECODER = msgspec.json.Decoder(_EventList, strict=False)
+_TAGGED_DECODER = msgspec.json.Decoder(_TaggedList, strict=False)
 _FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
 _HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
 _TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENT_GAP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events, any layout
+_FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*("[^"\\]{1,64})"[ \t\r\n]*:')
 
 # Category -> what we make of it; old Kineto spelled some categories differently.
 _CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT = range(8)
@@ -141,24 +187,16 @@ class _LayoutMismatch(Exception):
 def read_kineto(path: str | os.PathLike[str]) -> Profile:
     """Read a torch.profiler/Kineto Chrome trace: ``.json``/``.json.gz``, object or bare list."""
     path = os.fspath(path)
-    # A million new container objects would trigger dozens of full collections, each walking
-    # everything built so far: the reader creates no cycles, so collect once at the end.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
+    builder = _ProfileBuilder(path)
     try:
+        _stream_decode(path, builder)
+        streamed = True
+    except _LayoutMismatch:
+        streamed = False
+    if not streamed:  # outside the except: its traceback (and open reader) is gone
         builder = _ProfileBuilder(path)
-        try:
-            _stream_decode(path, builder)
-            streamed = True
-        except _LayoutMismatch:
-            streamed = False
-        if not streamed:  # outside the except: its traceback (and open reader) is gone
-            builder = _ProfileBuilder(path)
-            _full_decode(path, builder)
-        return builder.finish()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+        _full_decode(path, builder)
+    return builder.finish()
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -242,14 +280,39 @@ def _read_ahead(blocks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
 
 def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
     it = _blocks(path)
+    head, is_list, events_at = _find_events(path, it, builder)
+    # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
+    # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
+    # the buffer into a JSON array in place, decoded through a memoryview: no copies.
+    buf = bytearray(head[events_at - 1 :])
+    del head
+    gap: re.Pattern[bytes] | None = None
+    while True:
+        if gap is None:
+            gap = _gap_pattern(buf)
+        comma = _decode_prefix(buf, builder, gap) if gap is not None else 0
+        if comma > 0:
+            del buf[:comma]  # O(1): bytearray drops a prefix by moving its start
+        elif gap is not _EVENT_GAP and gap is not None and len(buf) > MAX_PENDING_BYTES // 2:
+            gap = _EVENT_GAP  # the events do not all start with the first one's key
+        elif len(buf) > MAX_PENDING_BYTES:
+            raise _LayoutMismatch  # no event boundary in 64 MB: not a list of events
+        block = next(it, None)
+        if block is None:
+            break
+        buf += block
+    _decode_tail(path, buf, is_list, builder)
+
+
+def _find_events(path: str, it: Iterator[bytes],
+                 builder: _ProfileBuilder) -> tuple[bytes, bool, int]:
+    """Read up to the start of the event list: (text so far, bare list?, index after "[")."""
     buf = b""
-    for block in it:  # find where the events start
+    for block in it:
         buf = block if not buf else buf + block
         start = buf.lstrip()[:1]
         if start == b"[":
-            is_list = True
-            events_at = buf.index(b"[") + 1
-            break
+            return buf, True, buf.index(b"[") + 1
         if start == b"{":
             m = _TRACE_EVENTS_KEY.search(buf)
             if m:
@@ -258,52 +321,95 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
                 except msgspec.DecodeError:
                     raise _LayoutMismatch from None  # "traceEvents" not at the top level
                 builder.add_metadata(header)
-                is_list = False
-                events_at = m.end()
-                break
+                return buf, False, m.end()
             if len(buf) > HEADER_LIMIT_BYTES:
                 raise _LayoutMismatch
             continue
         if start:
             raise _LayoutMismatch  # not JSON we know: the full decode names the problem
-    else:
-        if not buf.strip():
-            raise TraceReadError(path, "empty file")
-        raise _LayoutMismatch
+    if not buf.strip():
+        raise TraceReadError(path, "empty file")
+    raise _LayoutMismatch
 
-    # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
-    # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
-    # the buffer into a JSON array in place, decoded through a memoryview: no copies.
-    buf = bytearray(buf[events_at - 1 :])
-    cut: bytes | None = None  # b"\n<indent>}," once the first event shows the indentation
-    while True:
-        if cut is None:
-            body = bytes(buf[1:4097]).lstrip(b" \t\r\n")
-            if body[:1] == b"{":
-                gap = bytes(buf[1 : buf.index(b"{")])
-                if b"\n" not in gap:
-                    raise _LayoutMismatch  # compact one-line layout
-                cut = b"\n" + gap.rsplit(b"\n", 1)[1] + b"},"
-            elif body and body[:1] != b"]":
-                raise _LayoutMismatch
-        if cut is not None:
-            pos = buf.rfind(cut)
-            if pos >= 0:
-                end = pos + len(cut) - 1  # the "," after the last complete event
-                buf[0], buf[end] = 0x5B, 0x5D  # "[", "]"
-                with memoryview(buf) as whole:
-                    batch = whole[: end + 1]
-                    builder.add_events(_decode_batch(batch))
-                    batch.release()  # the events (and their Raw views) are gone by now
-                del buf[:end]  # O(1): bytearray drops a prefix by moving its start
-            elif len(buf) > MAX_PENDING_BYTES:
-                raise _LayoutMismatch
-        block = next(it, None)
-        if block is None:
+
+def _gap_pattern(buf: bytearray) -> re.Pattern[bytes] | None:
+    """The gap between two events, once the first event's first key is in the buffer.
+
+    ``}, {`` alone also occurs between objects nested in an event (and inside strings); a
+    producer starts every event with the same key ("ph" for Kineto), so the gap followed by
+    that key is nearly always a real boundary. None until the first key has arrived.
+    """
+    m = _FIRST_KEY.match(buf, 1)
+    if m is None:
+        if len(buf) > 4096 or buf[1:].strip(b" \t\r\n")[:1] not in (b"", b"{"):
+            return _EVENT_GAP  # no key within reach (empty list, odd text): try the plain gap
+        return None
+    return re.compile(_EVENT_GAP.pattern + rb"[ \t\r\n]*" + re.escape(m.group(1)) + rb'"')
+
+
+def _last_gap(buf: bytearray, end: int, gap: re.Pattern[bytes]) -> int:
+    """Index of the "," of the last ``}<space>,<space>{`` lying before ``end``; -1 if none.
+
+    Searches backwards in growing windows, so finding the usual gap near the end of a batch
+    costs one small regex scan, whatever the layout (one line, any indentation).
+    """
+    window = GAP_SEARCH_BYTES
+    lo = end
+    while lo > 1:
+        lo = max(1, lo - window)
+        last = collections.deque(gap.finditer(buf, lo, end), maxlen=1)
+        if last:
+            return buf.index(b",", last[0].start())
+        window *= 2
+    return -1
+
+
+def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[bytes]) -> int:
+    """Decode the events before the buffer's last event gap; return that gap's index (or 0).
+
+    A gap found by pattern may sit inside a string or a nested list of objects; the batch up
+    to it is then unbalanced JSON, which msgspec rejects, so we try the gap before it. A batch
+    that decodes is proof that its cut was right.
+    """
+    end = len(buf)
+    first = -1
+    for _ in range(MAX_CUT_TRIES):
+        comma = _last_gap(buf, end, gap)
+        if comma < 0:
             break
-        buf += block
+        first = comma if first < 0 else first
+        buf[0], buf[comma] = 0x5B, 0x5D  # "[", "]"
+        with memoryview(buf) as whole:
+            batch = whole[: comma + 1]
+            events: list[Any] | None
+            try:
+                events = _TAGGED_DECODER.decode(batch)
+            except msgspec.ValidationError:  # a "ph" the fast path does not know: decode all
+                try:
+                    events = _EVENTS_DECODER.decode(batch)
+                except msgspec.DecodeError:
+                    events = None
+            except msgspec.DecodeError:
+                events = None
+            decoded = events is not None
+            if events is not None:
+                builder.add_events(events)
+            del events  # with it every Raw view into the buffer
+            batch.release()
+        if decoded:
+            return comma
+        buf[comma] = 0x2C  # ","; try the gap before
+        end = comma
+    if first < 0:
+        return 0
+    # No cut decodes strictly: Kineto's own defects (raw control characters, bare N/A).
+    buf[0], buf[first] = 0x5B, 0x5D
+    builder.add_events(_decode_batch(bytes(buf[: first + 1])))
+    return first
 
-    # The rest: last events plus whatever follows the array (e.g. "traceName").
+
+def _decode_tail(path: str, buf: bytearray, is_list: bool, builder: _ProfileBuilder) -> None:
+    """The rest: last events plus whatever follows the array (e.g. "traceName")."""
     buf[0] = 0x5B
     if is_list:
         builder.add_events(_decode_batch(bytes(buf), path=path))
@@ -475,6 +581,9 @@ class _ProfileBuilder:
         self.stacks = UserStackBuilder()
         self._json_cache: dict[bytes, Any] = {}
         self._op_names: dict[str, str] = {}  # interns op names, flags step markers
+        self._conv_ops: set[str] = set()  # op names whose concrete inputs FLOPs need
+        # One int object per thread id: msgspec makes a new one per event (ids are > 256)
+        self._threads: dict[Any, int] = {}
         self._dims_cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
         self._thread_names: dict[str, str] = {}
         self._events = 0
@@ -505,9 +614,15 @@ class _ProfileBuilder:
                 compute_major=p.get("computeMajor"), compute_minor=p.get("computeMinor"),
                 num_sms=p.get("numSms"), total_memory=p.get("totalGlobalMem")))
 
+    def _thread(self, tid: Any) -> int:
+        value = self._threads[tid] = tid if type(tid) is int else 0
+        return value
+
     def _learn_op_name(self, name: str) -> str:
         canonical = _STEP_MARKER if name.startswith("ProfilerStep#") else sys.intern(name)
         self._op_names[name] = canonical
+        if canonical.startswith(_CONCRETE_OPS):
+            self._conv_ops.add(canonical)
         return canonical
 
     def _decode_new(self, key: bytes) -> Any:
@@ -519,7 +634,7 @@ class _ProfileBuilder:
         self._json_cache[key] = value
         return value
 
-    def _dims(self, dims: list[int] | None) -> tuple[int, int, int] | None:
+    def _dims(self, dims: tuple[int, ...] | None) -> tuple[int, int, int] | None:
         if not dims:
             return None
         key = tuple(dims)
@@ -529,7 +644,7 @@ class _ProfileBuilder:
             cached = self._dims_cache[key] = (x, y, z)
         return cached
 
-    def add_events(self, events: list[_Event]) -> None:
+    def add_events(self, events: list[Any]) -> None:  # _Event and the tagged structs
         # The hot loop of the reader: locals for everything, one constructor call per object.
         p = self.profile
         cpu_ops, gpu, runtime, annotations = p.cpu_ops, p.gpu, p.runtime, p.annotations
@@ -542,6 +657,8 @@ class _ProfileBuilder:
         stacks = self.stacks
         is_user = stacks.is_user.get
         frames = stacks.frames
+        conv_ops = self._conv_ops
+        thread = self._threads.get
         self._events += len(events)
         for ev in events:
             kind = category(ev.cat)
@@ -564,7 +681,7 @@ class _ProfileBuilder:
                     if types is _MISSING:
                         types = decode_new(key)
                     # stride/padding/... and is_causal for FLOPs; only math ops need them
-                    if a.concrete and name.startswith(_CONCRETE_OPS):
+                    if a.concrete and name in conv_ops:
                         key = bytes(a.concrete)
                         concrete = cached(key, _MISSING)
                         if concrete is _MISSING:
@@ -573,9 +690,11 @@ class _ProfileBuilder:
                         concrete = None
                 else:
                     shapes = types = concrete = None
-                tid = ev.tid
+                tid = thread(ev.tid)
+                if tid is None:
+                    tid = self._thread(ev.tid)
                 cpu_ops.append(CpuOp(
-                    name, ev.ts, ev.dur, tid if type(tid) is int else 0, a.external_id,
+                    name, ev.ts, ev.dur, tid, a.external_id,
                     shapes, types, a.flops,
                     stacks.from_call_stack(a.call_stack) if a.call_stack else None,
                     concrete))
@@ -593,9 +712,10 @@ class _ProfileBuilder:
                     p.metadata["profiler_span_us"] = [ev.ts, ev.dur]
             elif kind == _RUNTIME:
                 a = ev.args
-                tid = ev.tid
-                runtime.append(RuntimeCall(intern(ev.name), ev.ts, ev.dur,
-                                           tid if type(tid) is int else 0,
+                tid = thread(ev.tid)
+                if tid is None:
+                    tid = self._thread(ev.tid)
+                runtime.append(RuntimeCall(intern(ev.name), ev.ts, ev.dur, tid,
                                            a.correlation, a.external_id))
             elif kind == _KERNEL:
                 a = ev.args

@@ -534,7 +534,6 @@ class _Reader:
         out = self.profile.gpu
         op_lines: list[tuple[int, int, int]] = []
         first = len(out)
-        kd_cache = self.kd_cache
         wanted = {mid: n for mid, n in names.items() if n in GPU_STATS}
         op_cache: dict[tuple, tuple[str | None, str | None]] = {}
         num_sms = info.num_sms
@@ -552,65 +551,64 @@ class _Reader:
             stream = int(m[1])
             base_ps = ts_ns * 1000
             for mid, off, dur, ss, ee in _events(buf, ls, le):
-                name = emd.get(mid, _NO_MD)[0]
                 st = _decode_stats(buf, ss, ee, 4, names, wanted) if ss < ee else {}
-                details = None
-                if "kernel_details" in st:
-                    kind = KERNEL
-                elif "memcpy_details" in st or name.startswith(_MEMCPY_PREFIXES):
-                    kind, details = MEMCPY, st.get("memcpy_details")
-                elif "Memset_details" in st or "memset_details" in st or name.startswith(
-                        _MEMSET_PREFIXES):
-                    kind, details = MEMSET, st.get("Memset_details", st.get("memset_details"))
-                elif not _NOT_GPU_WORK.isdisjoint(st):
-                    continue  # memalloc / free / residency records are not GPU work
-                else:
-                    kind = KERNEL
-                key = (st.get("hlo_op"), st.get("tf_op"), st.get("name"),
-                       st.get("hlo_category"), st.get("long_name"))
-                ops = op_cache.get(key)
-                if ops is None:
-                    ops = op_cache[key] = _op_of(st)
-                corr = st.get("correlation_id")
-                grid = block = regs = shared = occ = per_sm = nbytes = None
-                if kind == KERNEL:
-                    kd = st.get("kernel_details")
-                    if isinstance(kd, str) and kd:
-                        launch = kd_cache.get(kd)
-                        if launch is None:
-                            launch = kd_cache[kd] = parse_kernel_details(kd)
-                    else:
-                        launch = _separate_launch_stats(st)
-                    grid, block, regs, shared, occ = launch
-                    if occ is None:
-                        t = st.get("theoretical_occupancy_pct")
-                        occ = float(t) if isinstance(t, int | float) else None
-                    if grid and num_sms:
-                        per_sm = grid[0] * grid[1] * grid[2] / num_sms
-                elif isinstance(details, str):
-                    mb = _DETAIL_INT.search(details)
-                    nbytes = int(mb[1]) if mb else None
-                out.append(GpuActivity(
-                    kind=kind, name=name, start_us=(base_ps + off) / 1e6, dur_us=dur / 1e6,
-                    device=dev, stream=stream,
-                    correlation=corr if isinstance(corr, int) else None, grid=grid,
-                    block=block, registers=regs, shared_mem=shared, blocks_per_sm=per_sm,
-                    occupancy=occ, bytes=nbytes, op=ops[0], op_type=ops[1]))
+                act = self.gpu_activity(emd.get(mid, _NO_MD)[0], st, op_cache, num_sms)
+                if act is not None:
+                    act.start_us, act.dur_us = (base_ps + off) / 1e6, dur / 1e6
+                    act.device, act.stream = dev, stream
+                    out.append(act)
         if op_lines:
             self.name_kernels_from_op_lines(emd, names, op_lines, out, first)
 
+    def gpu_activity(self, name: str, st: dict[str, Any], op_cache: dict[tuple, Any],
+                     num_sms: int | None) -> GpuActivity | None:
+        """One device event (its name and wanted stats) as an activity, or None when it is
+        no GPU work. Times, device and stream are the caller's to set."""
+        details = None
+        if "kernel_details" in st:
+            kind = KERNEL
+        elif "memcpy_details" in st or name.startswith(_MEMCPY_PREFIXES):
+            kind, details = MEMCPY, st.get("memcpy_details")
+        elif "Memset_details" in st or "memset_details" in st or name.startswith(
+                _MEMSET_PREFIXES):
+            kind, details = MEMSET, st.get("Memset_details", st.get("memset_details"))
+        elif not _NOT_GPU_WORK.isdisjoint(st):
+            return None  # memalloc / free / residency records are not GPU work
+        else:
+            kind = KERNEL
+        key = (st.get("hlo_op"), st.get("tf_op"), st.get("name"),
+               st.get("hlo_category"), st.get("long_name"))
+        ops = op_cache.get(key)
+        if ops is None:
+            ops = op_cache[key] = _op_of(st)
+        corr = st.get("correlation_id")
+        grid = block = regs = shared = occ = per_sm = nbytes = None
+        if kind == KERNEL:
+            kd = st.get("kernel_details")
+            if isinstance(kd, str) and kd:
+                launch = self.kd_cache.get(kd)
+                if launch is None:
+                    launch = self.kd_cache[kd] = parse_kernel_details(kd)
+            else:
+                launch = _separate_launch_stats(st)
+            grid, block, regs, shared, occ = launch
+            if occ is None:
+                t = st.get("theoretical_occupancy_pct")
+                occ = float(t) if isinstance(t, int | float) else None
+            if grid and num_sms:
+                per_sm = grid[0] * grid[1] * grid[2] / num_sms
+        elif isinstance(details, str):
+            mb = _DETAIL_INT.search(details)
+            nbytes = int(mb[1]) if mb else None
+        return GpuActivity(
+            kind=kind, name=name, start_us=0.0, dur_us=0.0,
+            correlation=corr if isinstance(corr, int) else None, grid=grid,
+            block=block, registers=regs, shared_mem=shared, blocks_per_sm=per_sm,
+            occupancy=occ, bytes=nbytes, op=ops[0], op_type=ops[1])
+
     def name_kernels_from_op_lines(self, emd, names, op_lines, out, first) -> None:
         """Give kernels without op stats the op of the derived op-line event around them."""
-        buf = self.buf
-        spans: list[tuple[float, float, str, str | None]] = []
-        for ls, le, ts_ns in op_lines:
-            for mid, off, dur, _ss, _ee in _events(buf, ls, le):
-                name, display, ms, me = emd.get(mid, ("", "", 0, 0))
-                st = _decode_stats(buf, ms, me, 5, names) if me > ms else {}
-                op, op_type = _op_of({"tf_op": name, **st}) if ":" in name else (
-                    name, st.get("hlo_category") or _HLO_SUFFIX.sub("", display or name))
-                start = (ts_ns * 1000 + off) / 1e6
-                spans.append((start, start + dur / 1e6, op or name, op_type))
+        spans = self.op_line_spans(emd, names, op_lines)
         spans.sort()
         starts = [s[0] for s in spans]
         for act in out[first:]:
@@ -623,6 +621,16 @@ class _Reader:
                 i -= 1
             if i > stop:
                 act.op, act.op_type = spans[i][2], spans[i][3]
+
+    def op_line_spans(self, emd, names, op_lines) -> list[tuple[float, float, str, str | None]]:
+        buf = self.buf
+        spans = []
+        for ls, le, ts_ns in op_lines:
+            for mid, off, dur, _ss, _ee in _events(buf, ls, le):
+                name, display, ms, me = emd.get(mid, ("", "", 0, 0))
+                st = _decode_stats(buf, ms, me, 5, names) if me > ms else {}
+                spans.append(_op_span(name, display, st, (ts_ns * 1000 + off) / 1e6, dur / 1e6))
+        return spans
 
     def read_gpu_steps(self, emd, ls: int, le: int, ts_ns: int) -> None:
         for mid, off, dur, _ss, _ee in _events(self.buf, ls, le):
@@ -651,34 +659,39 @@ class _Reader:
                     md = emd.get(mid)
                     name = (md[0] or md[1]) if md else f"#{mid}"
                     cat = cats[mid] = _classify_host(name, cupti, is_tf)
-                kind, name, step = cat
-                if kind == _SKIP:
+                if cat[0] == _SKIP:
                     continue
-                start = (base_ps + off) / 1e6
-                dur_us = dur / 1e6
-                corr = None
-                if ss < ee:
-                    st = _decode_stats(buf, ss, ee, 4, names, wanted)
-                    sn = st.get("step_num")
-                    if isinstance(sn, int):
-                        kind, step = _STEP_NAMED, sn
-                    c = st.get("correlation_id")
-                    if isinstance(c, int) and kind != _STEP_NAMED:
-                        kind, corr = _RUNTIME, c
-                if kind == _RUNTIME:
-                    prof.runtime.append(RuntimeCall(name, start, dur_us, tid, corr))
-                elif kind == _CPU_OP:
-                    prof.cpu_ops.append(CpuOp(name, start, dur_us, tid))
-                elif dur <= 0:
-                    continue  # instants (allocations, threadpool records) are not ranges
-                elif kind == _STEP_NAMED:
-                    prof.annotations.append(Annotation(name, start, dur_us, STEP, False, step))
-                elif kind == _WEAK:
-                    a = Annotation(name, start, dur_us, USER)
-                    self.weak_steps.setdefault(_weak_key(name), []).append(a)
-                    prof.annotations.append(a)
-                else:
-                    prof.annotations.append(Annotation(name, start, dur_us, USER))
+                st = _decode_stats(buf, ss, ee, 4, names, wanted) if ss < ee else None
+                self.host_event(cat, (base_ps + off) / 1e6, dur, tid, st)
+
+    def host_event(self, cat: tuple[int, str, int | None], start: float, dur: int, tid: int,
+                   st: dict[str, Any] | None) -> None:
+        """One host event, classified by its name (``cat``) and its wanted stats."""
+        prof = self.profile
+        kind, name, step = cat
+        dur_us = dur / 1e6
+        corr = None
+        if st:
+            sn = st.get("step_num")
+            if isinstance(sn, int):
+                kind, step = _STEP_NAMED, sn
+            c = st.get("correlation_id")
+            if isinstance(c, int) and kind != _STEP_NAMED:
+                kind, corr = _RUNTIME, c
+        if kind == _RUNTIME:
+            prof.runtime.append(RuntimeCall(name, start, dur_us, tid, corr))
+        elif kind == _CPU_OP:
+            prof.cpu_ops.append(CpuOp(name, start, dur_us, tid))
+        elif dur <= 0:
+            return  # instants (allocations, threadpool records) are not ranges
+        elif kind == _STEP_NAMED:
+            prof.annotations.append(Annotation(name, start, dur_us, STEP, False, step))
+        elif kind == _WEAK:
+            a = Annotation(name, start, dur_us, USER)
+            self.weak_steps.setdefault(_weak_key(name), []).append(a)
+            prof.annotations.append(a)
+        else:
+            prof.annotations.append(Annotation(name, start, dur_us, USER))
 
     def finish(self) -> None:
         prof = self.profile
@@ -699,6 +712,14 @@ class _Reader:
             seq.sort(key=lambda e: e.start_us)
         if not (prof.gpu or prof.cpu_ops or prof.runtime or prof.annotations):
             raise EmptyProfileError(self.path, "XPlane holds no GPU or host activity")
+
+
+def _op_span(name: str, display: str, st: dict[str, Any], start: float,
+             dur_us: float) -> tuple[float, float, str, str | None]:
+    """(start, end, op, op type) of an op-line event ("XLA Ops", "TensorFlow Ops", ...)."""
+    op, op_type = _op_of({"tf_op": name, **st}) if ":" in name else (
+        name, st.get("hlo_category") or _HLO_SUFFIX.sub("", display or name))
+    return start, start + dur_us, op or name, op_type
 
 
 def _weak_key(name: str) -> str:
@@ -722,9 +743,22 @@ def _classify_host(name: str, cupti: bool, is_tf: bool) -> tuple[int, str, int |
     return _USER, name, None
 
 
-def read_xplane(path: str | os.PathLike[str]) -> Profile:
-    """Read an ``*.xplane.pb`` file into the normalized model; raise TraceReadError on bad input."""
+def read_xplane(path: str | os.PathLike[str], decoder: str = "upb") -> Profile:
+    """Read an ``*.xplane.pb`` file into the normalized model; raise TraceReadError on bad input.
+
+    ``decoder``: "upb" (protobuf's C decoder, :mod:`.xplane_upb`) or "wire" (the pure-Python
+    decoder in this module; the reference the upb path is tested against).
+    """
     path = os.fspath(path)
+    if decoder == "upb":
+        from .xplane_upb import read_file
+
+        return read_file(path)
+    return read_buffer(path, read_bytes(path))
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's bytes; a missing, unreadable or empty file is a TraceReadError."""
     try:
         with open(path, "rb") as f:
             buf = f.read()
@@ -736,6 +770,11 @@ def read_xplane(path: str | os.PathLike[str]) -> Profile:
         raise TraceReadError(path, f"cannot read: {e.strerror or e}") from None
     if not buf:
         raise TraceReadError(path, "empty file")
+    return buf
+
+
+def read_buffer(path: str, buf: bytes) -> Profile:
+    """The wire decoder on a file's bytes."""
     reader = _Reader(path, buf)
     try:
         return reader.read()

@@ -1,0 +1,461 @@
+"""Trace-based rules: each reads the report's measurements and the recorded flags.
+
+Rules are pure functions ``report -> recommendation | None``. A rule never fires when its fix is
+already in place (the flags a hook recorded say so). Thresholds are module constants and are
+documented in docs/recommendations.md; estimated savings are deliberately conservative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .build import recommendation
+
+# Shares are of total GPU time in the analyzed window unless named otherwise.
+TF32_MIN_FP32_ELIGIBLE_PCT = 10.0
+AMP_MIN_FP32_FAMILY_PCT = 15.0
+CHANNELS_LAST_MIN_LAYOUT_PCT = 3.0
+INPUT_PIPELINE_MIN_WAIT_PCT = 5.0  # data-loader wait + host work outside ops, of the iteration
+PINNED_MIN_COPY_PCT = 5.0  # pageable host-to-device copies, of the iteration
+PINNED_H2D_GBPS = 50.0  # pinned host-to-device copy rate (H200, PCIe 5: 56 GB/s measured)
+HOST_SYNC_MIN_PCT = 8.0  # host/GPU overlap that per-iteration syncs prevent, of the iteration
+BATCH_SIZE_MAX_BUSY_PCT = 60.0  # of wall time
+BATCH_SIZE_MAX_MEMORY_FRACTION = 0.5
+COMPILE_MIN_HOST_BOUND_PCT = 15.0  # GPU idle while the host dispatches ops, of the iteration
+COMPILE_MIN_SMALL_KERNEL_PCT = 30.0  # elementwise + reduction kernels, of GPU time
+COMPILE_MIN_KERNELS_PER_ITER = 200
+
+# Conservative speed-ups used for the estimates (measured ResNet-50 on H200 is larger).
+TF32_SPEEDUP = 2.5  # FP32 SIMT GEMM/conv -> TF32 Tensor Cores
+AMP_SPEEDUP = 2.0  # TF32 -> FP16/BF16 Tensor Cores
+AMP_MEMORY_BOUND_SAVING = 0.2  # share of FP32 norm/elementwise time saved by half the bytes
+COMPILE_SMALL_KERNEL_SAVING = 0.2  # share of small-kernel time fusion removes
+COMPILE_HOST_IDLE_SAVING = 0.5  # share of launch-bound idle that compilation/CUDA graphs remove
+
+def _flags(report: dict[str, Any]) -> dict[str, Any]:
+    return (report.get("system") or {}).get("flags") or {}
+
+
+def _cc_major(report: dict[str, Any]) -> int | None:
+    cc = (report.get("system") or {}).get("compute_capability")
+    try:
+        return int(str(cc).split(".")[0]) if cc else None
+    except ValueError:
+        return None
+
+
+def _per_iter_ms(report: dict[str, Any], us: float) -> float:
+    n = max(report["iterations"]["count"], 1)
+    return round(us / n / 1e3, 3)
+
+
+def _gpu_us(report: dict[str, Any]) -> float:
+    return report.get("gpu_time_us") or 0.0
+
+
+def _pct(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 1) if whole > 0 else 0.0
+
+
+def _sum(report: dict[str, Any], pred: Callable[[dict[str, Any]], bool]) -> float:
+    return sum(k["total_us"] for k in report["kernels"] if pred(k))
+
+
+def _is_fp32_simt_eligible(k: dict[str, Any]) -> bool:
+    return bool(k.get("tc_eligible") and not k["uses_tensor_cores"]
+                and k["precision"] == "fp32"
+                and k["category"] in ("gemm", "conv", "attention", "other"))
+
+
+def _framework(report: dict[str, Any]) -> str | None:
+    return (report.get("system") or {}).get("framework")
+
+
+def _rec(rid: str, severity: str, title: str, problem: str, evidence: dict[str, Any],
+         fix: dict[str, str], saving_ms: float | None, report: dict[str, Any]) -> dict[str, Any]:
+    return recommendation(rid, severity, title, problem, evidence, fix, saving_ms,
+                          report["iterations"].get("mean_ms") or 0.0)
+
+
+def _tf32_on(flags: dict[str, Any]) -> bool | None:
+    if flags.get("nvidia_tf32_override") == "0":
+        return False
+    if "tf32_enabled" in flags:  # TensorFlow / Keras on TF
+        return bool(flags["tf32_enabled"])
+    matmul = flags.get("allow_tf32_matmul")
+    if flags.get("float32_matmul_precision") in ("high", "medium"):
+        matmul = True
+    cudnn = flags.get("allow_tf32_cudnn")
+    if matmul is None and cudnn is None:
+        return None
+    return bool(matmul) and bool(cudnn if cudnn is not None else True)
+
+
+def rule_tf32(report: dict[str, Any]) -> dict[str, Any] | None:
+    flags = _flags(report)
+    cc = _cc_major(report)
+    if (cc is not None and cc < 8) or _tf32_on(flags) or flags.get("autocast"):
+        return None
+    gpu = _gpu_us(report)
+    fp32 = _sum(report, _is_fp32_simt_eligible)
+    share = _pct(fp32, gpu)
+    if share < TF32_MIN_FP32_ELIGIBLE_PCT:
+        return None
+    saving = _per_iter_ms(report, fp32 * (1 - 1 / TF32_SPEEDUP))
+    override = flags.get("nvidia_tf32_override") == "0"
+    problem = (f"{share}% of GPU time is FP32 matrix math (GEMM/convolution) on CUDA cores, "
+               "not Tensor Cores: TF32 runs it on Tensor Cores with FP32 range and storage.")
+    if override:
+        problem += " NVIDIA_TF32_OVERRIDE=0 is set in the environment and forces TF32 off."
+    return _rec("tf32", "high", "Enable TF32 Tensor Cores for FP32 matrix math", problem,
+                {"fp32_eligible_pct": share, "fp32_eligible_us": round(fp32, 1),
+                 "top_fp32_kernels": [k["name"] for k in report["kernels"]
+                                      if _is_fp32_simt_eligible(k)][:3],
+                 "flags": {k: flags.get(k) for k in ("allow_tf32_matmul", "allow_tf32_cudnn",
+                                                     "float32_matmul_precision") if k in flags}},
+                {"pytorch": "torch.backends.cuda.matmul.allow_tf32 = True\n"
+                            "torch.backends.cudnn.allow_tf32 = True\n"
+                            "# or: torch.set_float32_matmul_precision('high')",
+                 "keras": "import tensorflow as tf\n"
+                          "tf.config.experimental.enable_tensor_float_32_execution(True)"
+                          "  # TF backend; on by default in TF >= 2.4\n"
+                          "# JAX backend: jax.config.update('jax_default_matmul_precision', "
+                          "'tensorfloat32')",
+                 "jax": "jax.config.update('jax_default_matmul_precision', 'tensorfloat32')\n"
+                        "# or per call: jnp.dot(a, b, precision=jax.lax.Precision.DEFAULT)"},
+                saving, report)
+
+
+def rule_amp(report: dict[str, Any]) -> dict[str, Any] | None:
+    flags = _flags(report)
+    if flags.get("autocast") or str(flags.get("mixed_precision_policy") or "").startswith(
+            ("mixed_", "float16", "bfloat16")):
+        return None
+    gpu = _gpu_us(report)
+    fp32 = _sum(report, _is_fp32_simt_eligible)
+    tf32 = _sum(report, lambda k: k["uses_tensor_cores"] and k["precision"] == "tf32")
+    half = _sum(report, lambda k: k["uses_tensor_cores"] and k["precision"] in
+                ("fp16", "bf16", "fp8", "int8"))
+    family = fp32 + tf32
+    share = _pct(family, gpu)
+    if share < AMP_MIN_FP32_FAMILY_PCT or half > family:
+        return None
+    # Estimate on top of TF32 (the ladder's order): FP32 work is first counted at TF32 speed.
+    cc = _cc_major(report)
+    base = tf32 + (fp32 / TF32_SPEEDUP if cc is None or cc >= 8 else fp32)
+    # FP32 activations also make the memory-bound kernels (norm, elementwise) move twice the bytes.
+    fp32_memory_bound = _sum(report, lambda k: k["precision"] == "fp32" and k["category"] in
+                             ("norm", "elementwise", "reduction"))
+    saving = _per_iter_ms(report, base * (1 - 1 / AMP_SPEEDUP)
+                          + fp32_memory_bound * AMP_MEMORY_BOUND_SAVING)
+    return _rec("amp", "high" if share >= 40 else "medium",
+                "Use automatic mixed precision (FP16/BF16 Tensor Cores)",
+                f"{share}% of GPU time is matrix math in FP32/TF32 "
+                f"({_pct(tf32, gpu)}% TF32 Tensor Core, {_pct(fp32, gpu)}% FP32 CUDA core); "
+                "FP16/BF16 Tensor Cores do it at twice the TF32 rate and halve activation memory.",
+                {"fp32_family_pct": share, "tf32_pct": _pct(tf32, gpu),
+                 "fp32_simt_pct": _pct(fp32, gpu), "half_tc_pct": _pct(half, gpu)},
+                {"pytorch": "scaler = torch.amp.GradScaler('cuda')\n"
+                            "with torch.autocast('cuda', dtype=torch.float16):  # or bfloat16\n"
+                            "    loss = loss_fn(model(x), y)\n"
+                            "scaler.scale(loss).backward(); scaler.step(opt); scaler.update()",
+                 "keras": "keras.mixed_precision.set_global_policy('mixed_float16')"
+                          "  # or 'mixed_bfloat16'",
+                 "jax": "# compute in bfloat16, keep fp32 master weights:\n"
+                        "logits = model.apply(jax.tree.map(lambda p: p.astype(jnp.bfloat16), "
+                        "params), x.astype(jnp.bfloat16))"},
+                saving, report)
+
+
+def rule_channels_last(report: dict[str, Any]) -> dict[str, Any] | None:
+    flags = _flags(report)
+    if flags.get("channels_last"):
+        return None
+    gpu = _gpu_us(report)
+    layout = _sum(report, lambda k: k["category"] == "layout")
+    conv = _sum(report, lambda k: k["category"] == "conv")
+    share = _pct(layout, gpu)
+    if share < CHANNELS_LAST_MIN_LAYOUT_PCT or conv <= 0:
+        return None
+    return _rec("channels_last", "high" if share >= 10 else "medium",
+                "Use channels_last (NHWC) memory format for convolutions",
+                f"{share}% of GPU time goes to layout transforms (NCHW<->NHWC) around "
+                "convolutions: Tensor Core convolutions want NHWC, so the NCHW tensors are "
+                "converted before and after each one.",
+                {"layout_pct": share, "layout_us": round(layout, 1), "conv_pct": _pct(conv, gpu),
+                 "layout_kernels": [k["name"] for k in report["kernels"]
+                                    if k["category"] == "layout"][:3]},
+                {"pytorch": "model = model.to(memory_format=torch.channels_last)\n"
+                            "x = x.to(memory_format=torch.channels_last)",
+                 "keras": "# Keras/TF default to channels_last; keep data_format='channels_last'"
+                          "\nkeras.config.set_image_data_format('channels_last')",
+                 "jax": "# use NHWC inputs and lax.conv_general_dilated(..., "
+                        "dimension_numbers=('NHWC', 'HWIO', 'NHWC'))"},
+                _per_iter_ms(report, layout), report)
+
+
+def _bound_ms(report: dict[str, Any]) -> dict[str, float]:
+    """Per-iteration milliseconds of each bottleneck class, on the un-profiled time when the
+    run has it (the profiler inflates host time, not GPU time)."""
+    b = report.get("bottleneck") or {}
+    return b.get("corrected_ms") or b.get("mean_ms") or {}
+
+
+def _bound_pct(report: dict[str, Any]) -> dict[str, float]:
+    ms = _bound_ms(report)
+    total = sum(ms.values())
+    return {c: round(100.0 * v / total, 1) if total > 0 else 0.0 for c, v in ms.items()}
+
+
+def _iteration_ms(report: dict[str, Any]) -> float:
+    it = report["iterations"]
+    return it.get("unprofiled_median_ms") or it.get("mean_ms") or 0.0
+
+
+def _pageable_h2d(report: dict[str, Any]) -> tuple[float, float]:
+    """(microseconds, bytes) of host-to-device copies from pageable memory, whole window."""
+    us = nbytes = 0.0
+    for k in report["kernels"]:
+        name = k["name"]
+        if k.get("kind") == "memcpy" and "Pageable" in name and ("HtoD" in name or "H2D" in name):
+            us += k["total_us"]
+            nbytes += k.get("bytes") or 0
+    return us, nbytes
+
+
+def rule_input_pipeline(report: dict[str, Any]) -> dict[str, Any] | None:
+    if not _gpu_us(report):
+        return None  # a CPU-only trace says nothing about a GPU waiting
+    ms = _bound_ms(report)
+    pct = _bound_pct(report)
+    wait_ms = (report.get("system") or {}).get("data_wait_mean_ms") or 0.0
+    iter_ms = _iteration_ms(report)
+    loader = max(ms.get("data_wait", 0.0), 0.0)
+    host = ms.get("host", 0.0)
+    share = pct.get("data_wait", 0.0) + pct.get("host", 0.0)
+    hook_share = _pct(wait_ms, iter_ms) if wait_ms and iter_ms else 0.0
+    if max(share, hook_share) < INPUT_PIPELINE_MIN_WAIT_PCT:
+        return None
+    where = []
+    if loader >= host and loader > 0:
+        where.append(f"{round(loader, 1)} ms waiting for the data loader")
+    if host > 0.05:
+        where.append(f"{round(host, 1)} ms of host work outside framework ops (no op runs: "
+                     "Python, numpy/PIL preprocessing, tokenisation)")
+    if loader < host and loader > 0.05:
+        where.append(f"{round(loader, 1)} ms waiting for the data loader")
+    copy = ms.get("copy", 0.0)
+    if copy > 0.05:
+        where.append(f"{round(copy, 1)} ms of host-to-device copies")
+    if not where:
+        where.append(f"{round(wait_ms, 1)} ms waiting for each batch (hook timing)")
+    top = max(share, hook_share)
+    saving = round(max(loader + host, wait_ms), 3)
+    no_loader = host > loader
+    return _rec("input_pipeline", "high" if top >= 20 else "medium",
+                "Feed the GPU faster: preparing the input stalls training",
+                f"The GPU waits for input {top}% of each iteration: " + "; ".join(where) + "."
+                + (" The batches are prepared in the training loop itself: move that work into "
+                   "a Dataset and let DataLoader workers do it ahead of the GPU." if no_loader
+                   else ""),
+                {"data_loader_wait_ms": round(loader, 3), "host_outside_ops_ms": round(host, 3),
+                 "copy_ms": round(copy, 3), "input_bound_pct": round(top, 1),
+                 "hook_data_wait_ms": round(wait_ms, 3) if wait_ms else None},
+                {"pytorch": ("# do the per-sample work (decode, augment, tokenise) in a Dataset\n"
+                             "loader = DataLoader(ds, batch_size=..., num_workers=8, "
+                             "pin_memory=True,\n"
+                             "                    persistent_workers=True, prefetch_factor=4)\n"
+                             "x = x.cuda(non_blocking=True)\n"
+                             "# text: tokenise once ahead of training (datasets.map(..., "
+                             "batched=True)) or in the workers"),
+                 "keras": "ds = ds.map(f, num_parallel_calls=tf.data.AUTOTUNE)"
+                          ".cache().prefetch(tf.data.AUTOTUNE)",
+                 "jax": "# prepare batches in a background thread or grain/tf.data workers and\n"
+                        "# prefetch them to the device, e.g. flax.jax_utils.prefetch_to_device("
+                        "it, 2)"},
+                saving, report)
+
+
+def rule_pinned_memory(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Host-to-device copies from pageable memory: staged through a driver buffer at a
+    fraction of PCIe speed, and they block the host until done."""
+    us, nbytes = _pageable_h2d(report)
+    per_iter = _per_iter_ms(report, us)
+    iter_ms = _iteration_ms(report)
+    share = _pct(per_iter, iter_ms)
+    if share < PINNED_MIN_COPY_PCT:
+        return None
+    pinned_ms = _per_iter_ms(report, nbytes / (PINNED_H2D_GBPS * 1e3)) if nbytes else 0.0
+    saving = round(max(per_iter - pinned_ms, 0.0), 3)
+    gbps = round(nbytes / us / 1e3, 1) if us and nbytes else None
+    return _rec("pinned_memory", "high" if share >= 20 else "medium",
+                "Copy inputs from pinned memory, asynchronously",
+                f"{share}% of each iteration is host-to-device copies from pageable memory "
+                f"({per_iter} ms, {round(nbytes / 2**20 / max(report['iterations']['count'], 1))}"
+                f" MiB per iteration{f' at {gbps} GB/s' if gbps else ''}). Pageable copies are "
+                "staged through a driver buffer and block the host until they finish; from "
+                "pinned memory they run at full PCIe speed and overlap with compute.",
+                {"pageable_copy_ms": per_iter, "pageable_copy_pct": share,
+                 "pageable_gbps": gbps, "pinned_estimate_ms": pinned_ms},
+                {"pytorch": "DataLoader(ds, ..., pin_memory=True)\n"
+                            "x = x.to('cuda', non_blocking=True)\n"
+                            "# tensors made by hand: x = x.pin_memory() once, reuse the buffer",
+                 "keras": "# tf.data: ds.prefetch(tf.data.AUTOTUNE) (+ "
+                          "tf.data.experimental.prefetch_to_device('/gpu:0'))",
+                 "jax": "# jax.device_put the next batch while this step runs (prefetch "
+                        "ahead), e.g. flax.jax_utils.prefetch_to_device(it, 2)"},
+                saving, report)
+
+
+def rule_host_sync(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The host blocks on the device every iteration, so host and GPU work cannot overlap."""
+    b = report.get("bottleneck") or {}
+    sites = b.get("sync_sites") or []
+    if not sites:
+        return None
+    ms = _bound_ms(report)
+    # While blocked the host could have queued the next work; without the sync the exposed host
+    # time (GPU idle waiting for the host) overlaps with GPU work, up to the time it was blocked.
+    blocked = sum(s["blocked_ms_per_iteration"] for s in sites)
+    refill = ms.get("sync", 0.0)  # GPU idle right after a sync: queued work would hide it
+    exposed = ms.get("dispatch", 0.0) + ms.get("host", 0.0)
+    saving = round(refill + min(blocked, exposed), 3)
+    iter_ms = _iteration_ms(report)
+    share = _pct(saving, iter_ms)
+    if share < HOST_SYNC_MIN_PCT:
+        return None
+    per_iter = sum(s["count_per_iteration"] for s in sites)
+    named = ", ".join(f"{s['op']} x{s['count_per_iteration']:g}"
+                      + (f" at {s['source']}" if s.get("source") else "") for s in sites[:3])
+    return _rec("host_sync", "high" if share >= 20 else "medium",
+                "Stop synchronizing with the GPU every iteration",
+                f"The host blocks on the GPU {round(per_iter, 1)} times per iteration ({named}): "
+                f"{round(blocked, 2)} ms per iteration it waits instead of queuing work, and "
+                f"afterwards the GPU idles {round(refill, 2)} ms while the host launches the "
+                "next work from an empty queue. Reading a value on the host (.item(), float(t), "
+                "print(t), .cpu(), .tolist(), np.asarray) waits for every kernel queued before "
+                "it.",
+                {"blocked_ms": round(blocked, 3), "refill_ms": round(refill, 3),
+                 "exposed_host_ms": round(exposed, 3),
+                 "syncs_per_iteration": round(per_iter, 2), "sites": sites[:5]},
+                {"pytorch": "# accumulate on the device, read every N steps\n"
+                            "running = running + loss.detach()   # no .item() here\n"
+                            "if step % 50 == 0: print((running / 50).item()); running.zero_()",
+                 "keras": "# log less often: model.fit(..., steps_per_execution=N); avoid "
+                          "numpy() on tensors inside train_step",
+                 "jax": "# keep metrics as device arrays; jax.device_get them every N steps"},
+                saving, report)
+
+
+def rule_batch_size(report: dict[str, Any]) -> dict[str, Any] | None:
+    pct = _bound_pct(report)
+    busy_pct = pct.get("gpu", 0.0) + pct.get("copy", 0.0) + pct.get("communication", 0.0)
+    if not pct:
+        bd = report["breakdown"]
+        busy_pct = _pct(bd["gpu_busy_us"], bd["wall_us"])
+    system = report.get("system") or {}
+    peak = system.get("memory_peak_bytes")
+    total = system.get("gpu_memory_bytes")
+    if not peak or not total or busy_pct >= BATCH_SIZE_MAX_BUSY_PCT:
+        return None
+    frac = peak / total
+    if frac >= BATCH_SIZE_MAX_MEMORY_FRACTION:
+        return None
+    input_bound = pct.get("data_wait", 0.0) + pct.get("host", 0.0)
+    if input_bound >= INPUT_PIPELINE_MIN_WAIT_PCT or pct.get("sync", 0.0) >= HOST_SYNC_MIN_PCT:
+        return None  # a bigger batch would only wait longer for its data, or sync as often
+    spe = system.get("steps_per_execution")
+    keras_fix = "model.fit(ds, batch_size=2 * old_batch_size)  # and scale the LR"
+    if spe == 1:
+        keras_fix += "\nmodel.compile(..., steps_per_execution=32)  # fewer host round trips"
+    return _rec("batch_size", "medium", "Increase the batch size: the GPU is under-used",
+                f"The GPU is busy only {round(busy_pct, 1)}% of each iteration and the job uses "
+                f"{round(100 * frac, 1)}% of GPU memory: larger batches amortize launch and "
+                "host overhead over more work per kernel.",
+                {"gpu_busy_pct": round(busy_pct, 1), "memory_used_pct": round(100 * frac, 1)},
+                {"pytorch": "DataLoader(ds, batch_size=2 * old_batch_size, ...)\n"
+                            "# scale the learning rate with the batch (linear scaling + warm-up)",
+                 "keras": keras_fix,
+                 "jax": "# double the per-device batch; scale the learning rate"},
+                None, report)
+
+
+def rule_compile(report: dict[str, Any]) -> dict[str, Any] | None:
+    flags = _flags(report)
+    if flags.get("compiled") or flags.get("jit_compile") or _framework(report) == "jax":
+        return None
+    if not _gpu_us(report):
+        return None  # no GPU work in the trace: nothing to say about launch overhead
+    if report["source"]["format"] == "xplane" and _framework(report) is None:
+        return None  # XLA programs are already compiled
+    ms = _bound_ms(report)
+    pct = _bound_pct(report)
+    dispatch_pct = pct.get("dispatch", 0.0)
+    gpu = _gpu_us(report)
+    small = _sum(report, lambda k: k["category"] in ("elementwise", "reduction", "norm"))
+    small_pct = _pct(small, gpu)
+    launches = sum(k["count"] for k in report["kernels"] if k.get("kind", "kernel") == "kernel")
+    per_iter = launches / max(report["iterations"]["count"], 1)
+    gpu_bound = pct.get("gpu", 0.0) >= 50.0
+    fires_host = dispatch_pct >= COMPILE_MIN_HOST_BOUND_PCT
+    # small kernels matter only where they are the critical path: a GPU-bound iteration
+    fires_small = (gpu_bound and small_pct >= COMPILE_MIN_SMALL_KERNEL_PCT
+                   and per_iter >= COMPILE_MIN_KERNELS_PER_ITER)
+    if not (fires_host or fires_small):
+        return None
+    saving = round(ms.get("dispatch", 0.0) * COMPILE_HOST_IDLE_SAVING
+                   + (_per_iter_ms(report, small * COMPILE_SMALL_KERNEL_SAVING)
+                      if gpu_bound else 0.0), 3)
+    host_bound = dispatch_pct
+    return _rec("compile", "medium",
+                "Compile the model: fuse small kernels and cut launch overhead",
+                f"{host_bound}% of each iteration the GPU idles while the host dispatches ops "
+                "and launches kernels one by one, "
+                f"and {small_pct}% of GPU time is {round(per_iter)} small elementwise/"
+                "reduction/norm kernels per iteration: a compiler fuses them and replays "
+                "launches (XLA, torch.compile, CUDA graphs).",
+                {"dispatch_pct": host_bound, "small_kernel_pct": small_pct,
+                 "kernels_per_iteration": round(per_iter)},
+                {"pytorch": "model = torch.compile(model)  # mode='max-autotune' adds CUDA graphs",
+                 "keras": "model.compile(..., jit_compile=True)  # XLA",
+                 "jax": "step = jax.jit(step)  # jit the whole training step, not pieces"},
+                saving, report)
+
+
+def rule_dispatch_overhead(report: dict[str, Any]) -> dict[str, Any] | None:
+    """Dispatch-bound where a compiler already runs (XLA, torch.compile): each step is one or
+    a few launches, and the host's per-step work is what the GPU waits for."""
+    flags = _flags(report)
+    compiled = (flags.get("compiled") or flags.get("jit_compile") or _framework(report) == "jax"
+                or (report["source"]["format"] == "xplane" and _framework(report) is None))
+    pct = _bound_pct(report)
+    share = pct.get("dispatch", 0.0)
+    if not compiled or not _gpu_us(report) or share < COMPILE_MIN_HOST_BOUND_PCT:
+        return None
+    ms = _bound_ms(report)
+    spe = (report.get("system") or {}).get("steps_per_execution")
+    keras = "model.compile(..., steps_per_execution=32)  # run 32 steps per host round trip"
+    if spe and spe > 1:
+        keras = f"# steps_per_execution is {spe}: raise it, or the batch size"
+    return _rec("dispatch_overhead", "high" if share >= 50 else "medium",
+                "Give the GPU more work per host round trip",
+                f"{share}% of each iteration the GPU waits while the host dispatches the step "
+                f"({round(ms.get('dispatch', 0.0), 2)} ms per iteration against "
+                f"{round(ms.get('gpu', 0.0), 2)} ms of GPU work): the step is already compiled, "
+                "so run several steps per dispatch, or make each step larger.",
+                {"dispatch_pct": share, "dispatch_ms": round(ms.get("dispatch", 0.0), 3),
+                 "gpu_ms": round(ms.get("gpu", 0.0), 3), "steps_per_execution": spe},
+                {"pytorch": "model = torch.compile(model, mode='reduce-overhead')  # CUDA graphs"
+                            "\n# or a larger batch per step",
+                 "keras": keras,
+                 "jax": "# scan several micro-steps inside one jitted call:\n"
+                        "params = jax.lax.fori_loop(0, 8, lambda i, p: step(p, batches[i]), "
+                        "params)"},
+                round(ms.get("dispatch", 0.0) * COMPILE_HOST_IDLE_SAVING, 3), report)
+
+
+TRACE_RULES: list[Callable[[dict[str, Any]], dict[str, Any] | None]] = [
+    rule_tf32, rule_amp, rule_channels_last, rule_input_pipeline, rule_pinned_memory,
+    rule_host_sync, rule_batch_size, rule_compile, rule_dispatch_overhead,
+]

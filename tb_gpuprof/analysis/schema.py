@@ -1,0 +1,372 @@
+"""The report's typed contract: msgspec Structs for the report and each of its sections.
+
+``build_report`` returns a plain dict (the rules and the store read and write dicts); these
+types say what that dict holds. :func:`validate_report` checks a dict against them, the JSON
+Schema (``tb-gpuprof schema``) is generated from them, and the frontend's report types
+(frontend/src/report.gen.ts) are generated from that schema. A field added to the report and
+not here fails validation, so the three cannot drift apart.
+
+Open-ended maps stay maps: hook-recorded ``flags``, a rule's ``evidence``, NVML metric means.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from .. import REPORT_SCHEMA_VERSION
+from ..errors import ReportSchemaError
+
+# Reports built while this is "1" raise on a schema mismatch instead of warning (the tests set
+# it for the whole session, child processes included).
+STRICT_ENV = "TB_GPUPROF_STRICT_SCHEMA"
+
+Number = float  # msgspec accepts ints for float fields
+# A field added within schema version 1: reports stored before it lack it (readers must cope),
+# a report built now always has it (check_built_report).
+Later = UnsetType
+Severity = Literal["high", "medium", "low"]
+BoundClass = Literal["gpu", "copy", "communication", "dispatch", "host", "data_wait", "sync",
+                     "mixed"]
+
+
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A report object: every field declared, none unknown."""
+
+
+class Source(_Section, kw_only=True):
+    path: str
+    format: str  # kineto | xplane | nsys
+    events: int
+
+
+class DistributedInfo(_Section, kw_only=True):
+    rank: int | None = None
+    world_size: int | None = None
+    backend: str | None = None
+
+
+class System(msgspec.Struct, kw_only=True):
+    """What the trace and the capturing hook recorded. The one open object: ``build_report``'s
+    ``env`` is merged in, so a caller's own keys (a benchmark's ``batch_size``) are kept."""
+    gpu_name: str | None
+    compute_capability: str | None
+    num_sms: int | None
+    gpu_memory_bytes: int | None
+    cuda_runtime: str | None
+    cuda_driver: str | None
+    framework: str | None
+    framework_version: str | None
+    flags: dict[str, Any]
+    distributed: DistributedInfo | None
+    gpu_count: int | None = None
+    cudnn: str | None = None
+    keras_backend: str | None = None
+    backend_version: str | None = None
+    jaxlib_version: str | None = None
+    steps_per_execution: int | None = None
+    batch_end_dispatch: str | None = None
+    memory_peak_bytes: int | None = None
+    data_wait_mean_ms: Number | None = None
+
+
+class IterationBreakdown(_Section, kw_only=True):
+    tc_compute: Number
+    non_tc_compute: Number
+    memory: Number
+    communication: Number
+    layout: Number
+    idle: Number
+
+
+class IterationItem(_Section, kw_only=True):
+    step: int | None
+    start_us: Number
+    wall_ms: Number
+    gpu_busy_ms: Number
+    breakdown_ms: IterationBreakdown
+
+
+class Iterations(_Section, kw_only=True):
+    method: Literal["profiler_step", "key_range", "optimizer_step", "whole_trace"]
+    key: str | None
+    count: int
+    range: list[int]
+    range_kind: Literal["step", "index"] | Later = UNSET
+    mean_ms: Number
+    median_ms: Number
+    min_ms: Number
+    max_ms: Number
+    p95_ms: Number
+    gpu_busy_mean_ms: Number
+    unprofiled_median_ms: Number | Later | None = UNSET
+    unprofiled_source: str | Later | None = UNSET  # gpu_events | wall_time from the hooks
+    profiler_overhead_ratio: Number | Later | None = UNSET
+    items: list[IterationItem]
+
+
+class SyncSite(_Section, kw_only=True):
+    op: str
+    source: str | None
+    count_per_iteration: Number
+    blocked_ms_per_iteration: Number
+
+
+class Bottleneck(_Section, kw_only=True):
+    bound: BoundClass
+    verdict: str
+    basis: Literal["unprofiled", "profiled"]
+    mean_ms: dict[str, Number]
+    mean_pct: dict[str, Number]
+    corrected_ms: dict[str, Number] | None
+    corrected_pct: dict[str, Number] | None
+    items: list[dict[str, Number | None]]  # {"step": ..., <class>: ms}
+    sync_sites: list[SyncSite] | Later = UNSET
+    glue_max_us: Number
+    note: str | None
+
+
+class Kernel(_Section, kw_only=True):
+    name: str
+    demangled: str
+    kind: str  # kernel | memcpy | memset
+    count: int
+    total_us: Number
+    mean_us: Number
+    min_us: Number
+    max_us: Number
+    pct: Number
+    uses_tensor_cores: bool
+    precision: str
+    category: str
+    tc_eligible: bool
+    ops: list[str]
+    grid: list[int] | None
+    block: list[int] | None
+    registers: int | None
+    shared_mem: int | None
+    occupancy_pct: Number | None
+    flops: Number | None
+    bytes: Number | None
+    tflops: Number | None
+    source: str | None
+
+
+class TensorCores(_Section, kw_only=True):
+    tc_us: Number
+    eligible_not_tc_us: Number
+    other_us: Number
+    memory_us: Number
+    tc_pct: Number
+    eligible_not_tc_pct: Number
+    other_pct: Number
+    memory_pct: Number
+    tc_kernel_efficiency_pct: Number | None
+
+
+class IdleAttribution(_Section, kw_only=True):
+    data_loading: Number
+    cpu_ops: Number
+    launch_overhead: Number
+    synchronization: Number
+    other: Number
+
+
+class Breakdown(_Section, kw_only=True):
+    wall_us: Number
+    gpu_busy_us: Number
+    tc_compute_us: Number
+    non_tc_compute_us: Number
+    memory_us: Number
+    communication_us: Number
+    layout_us: Number
+    idle_us: Number
+    idle_attribution_us: IdleAttribution
+
+
+class Phases(_Section, kw_only=True):
+    method: Literal["autograd"]
+    forward_ms: Number
+    backward_ms: Number
+    optimizer_ms: Number
+    unattributed_ms: Number | Later = UNSET
+
+
+class TelemetryGpu(_Section, kw_only=True):
+    gpu: int
+    nvml_index: int | None
+    uuid: str | None
+    name: str | None
+    mig: bool
+    samples: int
+    mean: dict[str, Number]
+    max: dict[str, Number]
+    clock_events_pct: dict[str, Number]
+    clock_event_power_pct: Number | None
+    clock_event_thermal_pct: Number | None
+    gpm: bool | None
+    lost: bool
+    unsupported: dict[str, Any]
+
+
+class Telemetry(_Section, kw_only=True):
+    """NVML window averages (:meth:`tb_gpuprof.nvml.NvmlSampler.window_summary`)."""
+    source: Literal["nvml"]
+    interval_s: Number
+    samples: int
+    duration_s: Number
+    gpus: list[TelemetryGpu]
+    driver_version: str | None
+    unavailable_reason: str | None
+    warnings: list[str]
+
+
+class DistributedMeans(_Section, kw_only=True):
+    wall_ms: Number
+    compute_ms: Number
+    communication_ms: Number
+    overlap_ms: Number
+    exposed_ms: Number
+
+
+class DistributedIteration(_Section, kw_only=True):
+    step: int | None
+    wall_ms: Number
+    compute_ms: Number
+    communication_ms: Number
+    overlap_ms: Number
+    exposed_ms: Number
+
+
+class Collective(_Section, kw_only=True):
+    name: str
+    count: int
+    total_us: Number
+
+
+class Distributed(_Section, kw_only=True):
+    rank: int | None
+    world_size: int | None
+    backend: str | None
+    communication_source: Literal["gpu_kernels", "cpu_ranges"] | None
+    compute_source: Literal["gpu_kernels", "cpu_ops"]
+    communication_us: Number
+    compute_us: Number
+    overlap_us: Number
+    exposed_us: Number
+    overlap_pct: Number | None
+    communication_pct: Number
+    exposed_pct: Number
+    mean_ms: DistributedMeans
+    per_iteration: list[DistributedIteration]
+    collectives: list[Collective]
+
+
+class Throughput(_Section, kw_only=True):
+    flops_per_iteration: Number | None
+    flops_by_category: dict[str, Number]
+    math_time_counted_pct: Number | None
+    iteration_ms: Number | None
+    time_source: Literal["unprofiled_median_ms", "window_median_ms"]
+    achieved_tflops: Number | None
+    precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] | None
+    precision_source: Literal["kernel_flops", "precision_us", "flags", "unknown"]
+    peak_tflops: Number | None
+    peak_source: str
+    mfu_pct: Number | None
+
+
+class Recommendation(_Section, kw_only=True):
+    id: str
+    severity: Severity
+    title: str
+    problem: str
+    evidence: dict[str, Any]
+    fix: dict[str, str]  # framework -> code (pytorch, keras, jax; "system" for NVML rules)
+    estimated_saving_ms: Number | None
+    estimated_saving_pct: Number | None
+    # set when the saving was re-timed (analysis/savings.py)
+    estimated_range_pct: list[Number] | None = None
+    predicted_iteration_ms: Number | None = None
+    estimate_basis: str | None = None
+
+
+class Report(_Section, kw_only=True):
+    """The whole report (docs/report-schema.md)."""
+    schema_version: int
+    generator: str
+    source: Source
+    system: System
+    iterations: Iterations
+    bottleneck: Bottleneck | Later = UNSET
+    gpu_time_us: Number
+    kernels: list[Kernel]
+    kernels_total: int
+    tensor_cores: TensorCores
+    precision_us: dict[str, Number]
+    category_us: dict[str, Number]
+    breakdown: Breakdown
+    phases: Phases | None
+    telemetry: Telemetry | None
+    distributed: Distributed | Later | None = UNSET
+    throughput: Throughput | Later = UNSET
+    recommendations: list[Recommendation]
+    warnings: list[str]
+
+
+def validate_report(report: dict[str, Any]) -> Report:
+    """The report as typed Structs; :class:`ReportSchemaError` names the first mismatch."""
+    try:
+        typed = msgspec.convert(report, Report)
+    except msgspec.ValidationError as e:
+        raise ReportSchemaError(f"report does not match the schema: {e}") from None
+    if typed.schema_version != REPORT_SCHEMA_VERSION:
+        raise ReportSchemaError(f"report schema_version {typed.schema_version}, this schema "
+                                f"is version {REPORT_SCHEMA_VERSION}")
+    return typed
+
+
+def _unset_fields(value: Any, path: str) -> list[str]:
+    """Paths of the ``Later`` fields a typed report lacks."""
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _unset_fields(v, f"{path}[{i}]")]
+    if not isinstance(value, msgspec.Struct):
+        return []
+    out = []
+    for name in value.__struct_fields__:
+        v = getattr(value, name)
+        out += [f"{path}.{name}"] if v is UNSET else _unset_fields(v, f"{path}.{name}")
+    return out
+
+
+def validate_built_report(report: dict[str, Any]) -> Report:
+    """:func:`validate_report`, and every field this version writes is there."""
+    typed = validate_report(report)
+    missing = _unset_fields(typed, "$")
+    if missing:
+        raise ReportSchemaError(f"report lacks {', '.join(missing[:5])}")
+    return typed
+
+
+def check_built_report(report: dict[str, Any]) -> None:
+    """build_report's last step: a mismatch raises under STRICT_ENV (tests), else it becomes
+    one of the report's warnings (a user's analysis is not lost to a schema slip)."""
+    try:
+        validate_built_report(report)
+    except ReportSchemaError as e:
+        if os.environ.get(STRICT_ENV) == "1":
+            raise
+        report["warnings"].append(f"tb_gpuprof bug, please report: {e}")
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of :class:`Report`, sections under ``$defs``."""
+    return msgspec.json.schema(Report)
+
+
+__all__ = ["STRICT_ENV", "Recommendation", "Report", "ReportSchemaError", "check_built_report",
+           "json_schema", "validate_built_report",
+           "validate_report"]

@@ -1,0 +1,337 @@
+"""XPlane through protobuf's C decoder (upb) and the project's own schema (xplane_schema.py).
+
+The same reading rules as the wire decoder in xplane.py (its ``_Reader`` methods turn a
+device event's stats into an activity, a host event into an op/call/range), with the
+protobuf parsing done in C. Parsing is lazy where the schema allows it: an XSpace is parsed
+into raw planes; only the planes the analysis reads (GPU devices, host threads, CUPTI,
+metadata, task environment) are parsed; of a GPU plane only the stream, op and step lines are
+parsed to events, other lines stop at their header.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from ..model import STEP, USER, Annotation, GpuActivity
+from . import xplane as wire
+from .xplane_schema import (
+    XEvent,
+    XLine,
+    XLineEventBytes,
+    XLineHeader,
+    XLineSlim,
+    XPlane,
+    XPlaneHeader,
+    XSpace,
+)
+
+_PLANES_READ = (wire.HOST_PLANE, wire.CUPTI_PLANE, wire.METADATA_PLANE, wire.TASK_ENV_PLANE)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _stat_value(st: Any, names: dict[int, str]) -> Any:
+    which = st.WhichOneof("value")
+    if which == "ref_value":
+        return names.get(st.ref_value, "")
+    if which == "str_value":
+        return _text(st.str_value)
+    if which is None:
+        return None
+    return getattr(st, which)  # double, uint64, int64 or bytes
+
+
+def _stats(stats: Any, names: dict[int, str], wanted: dict[int, str] | None) -> dict[str, Any]:
+    """Repeated XStat -> {name: value}; with ``wanted`` (id -> name) only those stats."""
+    out: dict[str, Any] = {}
+    for st in stats:
+        mid = st.metadata_id
+        name = wanted.get(mid) if wanted is not None else names.get(mid, f"#{mid}")
+        if name is not None:
+            out[name] = _stat_value(st, names)
+    return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _stat_finder(ids: Any) -> re.Pattern[bytes]:
+    """Finds, in an event's bytes, every XStat that may carry one of these metadata ids: a
+    stats field (tag 0x22, a length of up to 3 bytes) whose message starts with one of the
+    ids, or does not start with its id at all. An event it finds nothing in has none of them;
+    a find is checked by decoding the event (it may be a byte pattern inside another value)."""
+    ids_alt = b"|".join(re.escape(b"\x08" + _varint(i)) for i in ids)
+    first = rb"(?:" + ids_alt + rb"|[^\x08])" if ids_alt else rb"[^\x08]"
+    return re.compile(rb"\x22(?:[\x80-\xff]{0,2}[\x00-\x7f])" + first, re.DOTALL)
+
+
+class _IntStatStripper:
+    """Removes integer XStats with given metadata ids from a serialized XEvent.
+
+    The pattern spells out each stat exactly: tag 0x22, its length byte (which must equal what
+    follows), field 1 with one of the ids, then one uint64 (0x18) or int64 (0x20) varint as the
+    stat's only value. ``key`` is the event's bytes after its id/offset/duration header,
+    without those stats: equal keys mean equal stats apart from the stripped ones.
+    """
+
+    def __init__(self, ids: Any) -> None:
+        by_len: dict[int, list[bytes]] = {}
+        for i in sorted(ids):
+            by_len.setdefault(len(_varint(i)), []).append(re.escape(_varint(i)))
+        alts = []
+        for id_len, mids in by_len.items():
+            mid_alt = b"(?:" + b"|".join(mids) + b")"
+            for value_len in range(1, 11):
+                length = re.escape(bytes([1 + id_len + 1 + value_len]))
+                alts.append(b"\x22" + length + b"\x08" + mid_alt + rb"[\x18\x20]"
+                            + (rb"[\x80-\xff]{%d}" % (value_len - 1)) + rb"[\x00-\x7f]")
+        self.pattern = re.compile(b"|".join(alts) if alts else rb"(?!)", re.DOTALL)
+        self._strip = self.pattern.sub
+
+    def key(self, ev_bytes: bytes) -> bytes:
+        head = _EVENT_HEAD.match(ev_bytes)
+        return self._strip(b"", ev_bytes[head.end():] if head else ev_bytes)
+
+
+_EVENT_HEAD = re.compile(rb"(?:\x08[\x80-\xff]{0,9}[\x00-\x7f])?(?:\x10[\x80-\xff]{0,9}"
+                         rb"[\x00-\x7f])?(?:\x18[\x80-\xff]{0,9}[\x00-\x7f])?")
+
+
+def _int_stat_value(stat: bytes) -> int:
+    """The value of a stat :class:`_IntStatStripper` matched: 0x22 L 0x08 id tag varint."""
+    i = 3
+    while stat[i] >= 0x80:  # the id's varint
+        i += 1
+    signed = stat[i + 1] == 0x20  # int64_value, else uint64_value
+    value = 0
+    for shift, b in enumerate(stat[i + 2:]):
+        value |= (b & 0x7F) << (7 * shift)
+    if signed and value >= 1 << 63:  # two's complement
+        value -= 1 << 64
+    return value
+
+
+class _UpbPlane:
+    __slots__ = ("emd", "id", "msg", "name", "names")
+
+    def __init__(self, msg: Any) -> None:
+        self.msg = msg
+        self.id = msg.id
+        self.name = _text(msg.name)
+        self.names = {e.key: _text(e.value.name) for e in msg.stat_metadata if e.value.name}
+        # id -> (name, display name, XEventMetadata), as the wire decoder's table
+        self.emd = {e.key: (_text(e.value.name), _text(e.value.display_name), e.value)
+                    for e in msg.event_metadata}
+
+
+class UpbReader(wire._Reader):
+    """``wire._Reader`` with every byte-level step done by upb."""
+
+    def __init__(self, path: str, buf: bytes) -> None:
+        super().__init__(path, buf)
+        self.templates: dict[tuple, GpuActivity | None] = {}
+
+    def read(self) -> Any:
+        space = XSpace.FromString(self.buf)
+        self.buf = b""  # from here on memory holds the planes, one parsed at a time
+        md = self.profile.metadata
+        md["hostnames"] = [_text(h) for h in space.hostnames]
+        if space.errors:
+            md["xspace_errors"] = [_text(h) for h in space.errors]
+        if space.warnings:
+            md["xspace_warnings"] = [_text(h) for h in space.warnings]
+        raws: list[bytes | None] = list(space.planes)
+        del space
+        gpu, other = [], []
+        for i, raw in enumerate(raws):
+            assert raw is not None
+            name = _text(XPlaneHeader.FromString(raw).name)
+            self.named_planes += bool(name)
+            if name.startswith(wire.GPU_PLANE_PREFIX):
+                gpu.append(i)
+            elif name in _PLANES_READ:
+                other.append(i)
+        if not self.named_planes:
+            raise wire._not_xspace(self.path, "it holds no named XPlane planes")
+        for i in gpu + other:  # the GPU planes first, as the wire decoder reads them
+            plane = _UpbPlane(XPlane.FromString(raws[i]))
+            raws[i] = None
+            self.read_plane(plane)
+        self.finish()
+        return self.profile
+
+    def read_plane(self, p: _UpbPlane) -> None:
+        if p.name.startswith(wire.GPU_PLANE_PREFIX):
+            self.read_gpu_plane(p)
+        elif p.name in (wire.HOST_PLANE, wire.CUPTI_PLANE):
+            self.read_host_plane(p, cupti=p.name == wire.CUPTI_PLANE)
+        elif p.name == wire.METADATA_PLANE:
+            self.read_metadata_plane(p)  # type: ignore[arg-type]  # via our plane_stats
+        elif p.name == wire.TASK_ENV_PLANE:
+            self.read_task_environment(p)
+
+    def read_task_environment(self, p: Any) -> None:
+        st = self.plane_stats(p)
+        md = self.profile.metadata
+        if isinstance(st.get("profile_start_time"), int):
+            md["time_origin_ns"] = st["profile_start_time"]
+            if isinstance(st.get("profile_stop_time"), int):
+                md["profile_duration_us"] = (
+                    st["profile_stop_time"] - st["profile_start_time"]) / 1e3
+
+    def plane_stats(self, p: Any, names: dict[int, str] | None = None) -> dict[str, Any]:
+        return _stats(p.msg.stats, p.names, None)
+
+    def read_gpu_plane(self, p: Any) -> None:
+        digits = re.match(r"\d+", p.name[len(wire.GPU_PLANE_PREFIX):])
+        dev = int(digits[0]) if digits else p.id
+        info = wire._device_info(dev, self.plane_stats(p))
+        self.profile.devices.append(info)
+        names, emd, out = p.names, p.emd, self.profile.gpu
+        first = len(out)
+        wanted = {mid: n for mid, n in names.items() if n in wire.GPU_STATS}
+        op_cache: dict[tuple, Any] = {}
+        op_lines = []
+        for raw in p.msg.lines:
+            head = XLineHeader.FromString(raw)
+            lname = _text(head.name or head.display_name)
+            m = wire._STREAM_LINE.match(lname)
+            if m is None:
+                if lname in wire.OP_LINES:
+                    op_lines.append(XLine.FromString(raw))
+                elif lname == wire.STEP_LINE:
+                    self.read_gpu_steps(emd, XLine.FromString(raw))
+                else:
+                    self.skipped_lines.add(lname)
+                continue
+            self.read_stream(raw, int(m[1]), dev, p, wanted, op_cache, info.num_sms)
+        if op_lines:
+            self.name_kernels_from_op_lines(emd, names, op_lines, out, first)
+
+    def read_stream(self, raw: bytes, stream: int, dev: int, p: _UpbPlane,
+                    wanted: dict[int, str], op_cache: dict[tuple, Any],
+                    num_sms: int | None) -> None:
+        """A stream line's activities. The kernels of one op repeat their stats but for the
+        correlation id and other per-launch ids, so each event's bytes less those (and less
+        its id, offset and duration) key one template activity; only a new key is decoded."""
+        corr_ids = [mid for mid, n in wanted.items() if n == "correlation_id"]
+        per_launch = _IntStatStripper(set(p.names) - set(wanted) | set(corr_ids))
+        find_corr = _IntStatStripper(corr_ids).pattern.search if corr_ids else None
+        templates = self.templates
+        out = self.profile.gpu
+        line = XLineSlim.FromString(raw)
+        base_ps = line.timestamp_ns * 1000
+        for ev, ev_bytes in zip(line.events, XLineEventBytes.FromString(raw).events, strict=True):
+            off = ev.offset_ps
+            if not off and not ev.HasField("offset_ps"):
+                continue  # aggregated (num_occurrences): no place on a timeline
+            key = (ev.metadata_id, per_launch.key(ev_bytes))
+            try:
+                t = templates[key]
+            except KeyError:  # a new launch site: decode its stats once
+                st = _stats(XEvent.FromString(ev_bytes).stats, p.names, wanted)
+                name = p.emd.get(ev.metadata_id, wire._NO_MD)[0]
+                t = templates[key] = self.gpu_activity(name, st, op_cache, num_sms)
+            if t is None:
+                continue  # not GPU work
+            corr = t.correlation  # a correlation stat the pattern does not match stays in key
+            m = find_corr(ev_bytes) if find_corr is not None else None
+            if m is not None:
+                corr = _int_stat_value(m.group())
+            dur = ev.duration_ps
+            out.append(GpuActivity(
+                t.kind, t.name, (base_ps + off) / 1e6, (dur if dur > 0 else 0) / 1e6, dev,
+                stream, corr, None, t.grid, t.block, t.registers, t.shared_mem,
+                t.blocks_per_sm, t.occupancy, t.bytes, t.op, t.op_type))
+
+    def op_line_spans(self, emd: Any, names: dict[int, str],
+                      op_lines: list[Any]) -> list[tuple[float, float, str, str | None]]:
+        spans = []
+        for line in op_lines:
+            base_ps = line.timestamp_ns * 1000
+            for ev in line.events:
+                if not ev.HasField("offset_ps"):
+                    continue
+                name, display, emsg = emd.get(ev.metadata_id, ("", "", None))
+                st = _stats(emsg.stats, names, None) if emsg is not None else {}
+                start = (base_ps + ev.offset_ps) / 1e6
+                spans.append(wire._op_span(name, display, st, start,
+                                           max(ev.duration_ps, 0) / 1e6))
+        return spans
+
+    def read_gpu_steps(self, emd: Any, line: Any) -> None:  # type: ignore[override]
+        base_ps = line.timestamp_ns * 1000
+        for ev in line.events:
+            if not ev.HasField("offset_ps"):
+                continue
+            name = emd.get(ev.metadata_id, ("",))[0]
+            self.gpu_steps.append(Annotation(
+                name=name, start_us=(base_ps + ev.offset_ps) / 1e6,
+                dur_us=max(ev.duration_ps, 0) / 1e6, kind=STEP, on_gpu=True,
+                step=int(name) if name.isdigit() else None))
+
+    def read_host_plane(self, p: Any, cupti: bool) -> None:
+        names, emd = p.names, p.emd
+        cats: dict[int, tuple[int, str, int | None]] = {}
+        is_tf = any(md[0] in wire.TF_HOST_MARKERS for md in emd.values())
+        wanted = {mid: n for mid, n in names.items() if n in wire.HOST_STATS}
+        if is_tf:
+            self.profile.metadata.setdefault("framework", "tensorflow")
+        find = _stat_finder(wanted).search
+        skip, user = wire._SKIP, wire._USER
+        host_event = self.host_event
+        annotations = self.profile.annotations
+        for raw in p.msg.lines:
+            line = XLineSlim.FromString(raw)
+            tid, base_ps = line.id, line.timestamp_ns * 1000
+            # A line none of whose bytes look like a wanted stat (the threads that launch
+            # nothing) never needs its events' bytes.
+            events_bytes = (XLineEventBytes.FromString(raw).events if find(raw) is not None
+                            else itertools.repeat(b"", len(line.events)))
+            for ev, ev_bytes in zip(line.events, events_bytes, strict=True):
+                mid = ev.metadata_id
+                cat = cats.get(mid)
+                if cat is None:
+                    md = emd.get(mid)
+                    name = (md[0] or md[1]) if md else f"#{mid}"
+                    cat = cats[mid] = wire._classify_host(name, cupti, is_tf)
+                if cat[0] == skip:
+                    continue
+                off = ev.offset_ps
+                if not off and not ev.HasField("offset_ps"):
+                    continue  # aggregated: no place on a timeline
+                dur = ev.duration_ps
+                if ev_bytes and find(ev_bytes) is not None:
+                    st = _stats(XEvent.FromString(ev_bytes).stats, names, wanted) or None
+                    host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
+                elif cat[0] == user:  # the common case, inline: a TraceMe range
+                    if dur > 0:
+                        annotations.append(Annotation(cat[1], (base_ps + off) / 1e6, dur / 1e6,
+                                                      USER))
+                else:
+                    host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, None)
+
+def read_file(path: str) -> Any:
+    """The Profile of one XSpace file; bad input raises what the wire decoder says."""
+    reader = UpbReader(path, wire.read_bytes(path))  # the reader owns the only reference
+    try:
+        return reader.read()
+    except DecodeError:
+        pass
+    # upb says only that the message does not parse; the wire decoder says where and why
+    # (truncated at offset N, wrong wire type, not an XSpace) and raises that error.
+    return wire.read_buffer(path, wire.read_bytes(path))

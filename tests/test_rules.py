@@ -1,0 +1,71 @@
+"""The rule registry (tb_gpuprof/analysis/rules/): declared precedence, and the topology passed
+into the analysis so that ``gpu_placement`` fires for a real hook run on a multi-GPU host (the
+host is fake NVML: tests/nvml_fake.py; the training loop and the analysis are real)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tb_gpuprof.analysis.rules import RULES, Rule, recommend
+from tb_gpuprof.store.reader import load_run_report
+from tests.nvml_fake import FakeGpu, FakeNvml
+from tests.test_nvml_advice import GIB_MIB, busy, summary
+
+from .h200 import rec_ids, report
+
+torch = pytest.importorskip("torch")
+
+BUS = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:9A:00.0", "00000000:AB:00.0"]
+
+
+def test_rule_names_are_unique_and_precedence_names_real_rules() -> None:
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    assert all(s in names for r in RULES for s in r.supersedes)
+
+
+def test_input_pipeline_supersedes_the_nvml_batch_size_advice() -> None:
+    # a real input-bound run, with telemetry that on its own says "raise the batch size"
+    rep = copy.deepcopy(report("resnet18_slow_input"))
+    rep["telemetry"] = summary({0: busy(20.0, 10 * GIB_MIB)})
+    assert "input_pipeline" in rec_ids(rep)
+    without = tuple(r for r in RULES if r.name != "input_pipeline")
+    assert "batch_size" in [r["id"] for r in recommend(rep, rules=without)]
+    assert "batch_size" not in [r["id"] for r in recommend(rep)]
+
+
+def test_a_new_rule_is_one_registry_entry() -> None:
+    rep = report("resnet50_fp32")
+    extra = Rule("always", lambda inp: {"id": "always", "severity": "low", "title": "t",
+                                        "problem": "p", "evidence": {}, "fix": {},
+                                        "estimated_saving_ms": None,
+                                        "estimated_saving_pct": None},
+                 supersedes=("tf32",))
+    ids = [r["id"] for r in recommend(rep, rules=(*RULES, extra))]
+    assert "always" in ids and "tf32" not in ids
+    assert "tf32" in [r["id"] for r in recommend(rep)]
+
+
+@pytest.fixture
+def four_gpu_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPU0<->GPU1 and GPU2<->GPU3 NVLink pairs; the job gets GPUs 1 and 2 (SMP between)."""
+    peers = {0: 1, 1: 0, 2: 3, 3: 2}
+    FakeNvml([FakeGpu(f"GPU-{i}", BUS[i], nvlink_peers=[BUS[peers[i]]] * 18)
+              for i in range(4)]).install(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,2")
+
+
+def test_gpu_placement_fires_end_to_end_for_a_hook_run(tmp_path, four_gpu_host) -> None:
+    from tb_gpuprof.torch import GpuProfiler
+    from tests.test_torch_hook import batches, tiny_cnn, train
+
+    run = str(tmp_path / "placed")
+    with GpuProfiler(run, iter_start=2, iter_stop=4, nvml=True, nvml_interval_s=0.05) as prof:
+        train(prof, tiny_cnn(), batches(6))
+    rep = load_run_report(run)
+    placement = [r for r in rep["recommendations"] if r["id"] == "gpu_placement"]
+    assert placement, rec_ids(rep)
+    assert placement[0]["evidence"]["job_gpus"] == [1, 2]
+    assert "CUDA_VISIBLE_DEVICES=0,1" in placement[0]["fix"]["pytorch"]
