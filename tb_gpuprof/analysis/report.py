@@ -27,7 +27,7 @@ from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_lau
 from .rules import SEVERITY_ORDER
 from .savings import retime
 from .schema import check_built_report
-from .whatif import Replay, SimKernel, build_replay, calibrate
+from .whatif import GPU_BOUND_HOST_SCALE, Replay, SimKernel, build_replay, calibrate
 
 MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
@@ -359,7 +359,10 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     n = max(1, sum(1 for c in sim_counts if c <= MAX_REPLAY_KERNELS))
     replay = _replay(profile, sim_kernels[:sim_counts[n - 1]], host, windows[:n])
     retime(report["recommendations"], replay, measured,
-           calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay else 1.0,
+           # without an un-profiled time (imported traces) the host is taken at the profiler's
+           # typical inflation, as for GPU-bound windows: the trace was profiled all the same
+           calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
+           else GPU_BOUND_HOST_SCALE,
            "un-profiled" if unprofiled_ms else "profiled")
     report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
                                                   SEVERITY_ORDER.get(r["severity"], 3)))
