@@ -18,7 +18,7 @@ import time
 import warnings
 from typing import Any
 
-from .torch import GpuProfiler, GpuProfWarning
+from .torch import GpuProfiler, GpuProfWarning, close_or_warn
 
 # Lightning precision flags -> the autocast dtype they train under.
 _PRECISION_AUTOCAST = {"16-mixed": "float16", "bf16-mixed": "bfloat16", "16": "float16",
@@ -110,11 +110,7 @@ class GpuProfCallback(_lightning_callback_base()):  # type: ignore[misc]
     def _close(self) -> None:
         prof, self.profiler = self.profiler, None
         if prof is not None:
-            try:
-                prof.close()
-            except Exception as e:
-                warnings.warn(f"tb_gpuprof: closing the profiler failed: {e}", GpuProfWarning,
-                              stacklevel=2)
+            close_or_warn(prof)
             self.last_profiler = prof
 
 

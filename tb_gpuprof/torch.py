@@ -558,4 +558,15 @@ class GpuProfiler(HookCore):
             {"distributed": dist})
 
 
-__all__ = ["GpuProfWarning", "GpuProfiler"]
+def close_or_warn(prof: GpuProfiler | None) -> None:
+    """Close a framework adapter's profiler; a failure is one warning (training is over)."""
+    if prof is None:
+        return
+    try:
+        prof.close()
+    except Exception as e:
+        warnings.warn(f"tb_gpuprof: closing the profiler failed: {e}", GpuProfWarning,
+                      stacklevel=3)
+
+
+__all__ = ["GpuProfWarning", "GpuProfiler", "close_or_warn"]

@@ -23,7 +23,7 @@ import time
 import warnings
 from typing import Any
 
-from .torch import GpuProfiler, GpuProfWarning
+from .torch import GpuProfiler, GpuProfWarning, close_or_warn
 
 RUN_NAME = "gpuprof"
 
@@ -136,11 +136,7 @@ class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         prof, self.profiler = self.profiler, None
         if prof is not None:
-            try:
-                prof.close()
-            except Exception as e:
-                warnings.warn(f"tb_gpuprof: closing the profiler failed: {e}", GpuProfWarning,
-                              stacklevel=2)
+            close_or_warn(prof)
             self.last_profiler = prof
 
 

@@ -57,6 +57,7 @@ class HostTimeline:
     data: Coverage
     sync: Coverage
     framework: Coverage
+    blocking: set[int]  # correlations of the launches that block (pageable device-to-host)
 
 
 def _launch_tids(profile: Profile) -> set[int]:
@@ -109,7 +110,7 @@ def host_timeline(profile: Profile) -> HostTimeline:
         if on_host_thread(r.tid):
             iv = (r.start_us, r.start_us + r.dur_us)
             (sync if is_sync_call(r.name, r.correlation, blocking) else framework).append(iv)
-    return HostTimeline(Coverage(data), Coverage(sync), Coverage(framework))
+    return HostTimeline(Coverage(data), Coverage(sync), Coverage(framework), blocking)
 
 
 def _clip(cov: Coverage, a: float, b: float) -> Intervals:

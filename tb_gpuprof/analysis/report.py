@@ -12,7 +12,6 @@ from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
 from .bottleneck import (
     GLUE_MAX_US,
     HostTimeline,
-    blocking_copy_correlations,
     bottleneck_section,
     gpu_intervals,
     host_timeline,
@@ -350,7 +349,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     from .rules import recommend
     from .throughput import throughput_section
 
-    report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows)
+    report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows, host.blocking)
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["recommendations"] = recommend(report, topology=topology)
@@ -376,7 +375,7 @@ def _replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
     if not kernels:
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
-    blocking = blocking_copy_correlations(profile)
+    blocking = host.blocking
     pageable_h2d = {g.correlation for g in profile.gpu if g.kind != KERNEL
                     and g.correlation is not None and "Pageable" in g.name
                     and ("HtoD" in g.name or "H2D" in g.name)}
@@ -390,11 +389,10 @@ def _replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
 
 
 def _sync_sites(profile: Profile, launches: dict[int, LaunchContext],
-                windows: list[IterationWindow]) -> list[dict[str, Any]]:
+                windows: list[IterationWindow], blocking: set[int]) -> list[dict[str, Any]]:
     """Where the host blocked on the device inside the analyzed iterations: the op that did it
     (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept."""
     lo, hi = windows[0].start_us, windows[-1].end_us
-    blocking = blocking_copy_correlations(profile)
     sites: dict[tuple[str, str | None], list[float]] = {}
     for r in profile.runtime:
         if not lo <= r.start_us < hi or not is_sync_call(r.name, r.correlation, blocking):
