@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
+
+import numpy as np
 
 from ..model import DATALOADER, KERNEL, OPTIMIZER, STEP, Profile
 from .intervals import Coverage, Intervals, length, merge, subtract
@@ -42,6 +45,8 @@ HOST_SYNC_EXACT = ("cudaMemcpy", "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cudaMemcpy2
 XLA_SYNC_MARKERS = ("BlockHostUntilReady", "BlockUntilReady", "AwaitReady", "ToLiteral",
                     "CopyRawToHost")
 LOADER_MARKERS = ("enumerate(DataLoader)", "IteratorGetNext", "Iterator::", "DataLoader")
+_START, _DUR, _NAME = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("name")
+_TID, _CORRELATION = attrgetter("tid"), attrgetter("correlation")
 
 
 def is_host_sync(name: str) -> bool:
@@ -85,10 +90,6 @@ def is_sync_call(name: str, correlation: int | None, blocking: set[int]) -> bool
 def host_timeline(profile: Profile) -> HostTimeline:
     tids = _launch_tids(profile)
     blocking = blocking_copy_correlations(profile)
-
-    def on_host_thread(tid: int) -> bool:
-        return not tids or tid in tids
-
     data, sync, framework = [], [], []
     for a in profile.annotations:
         if a.on_gpu:
@@ -102,19 +103,44 @@ def host_timeline(profile: Profile) -> HostTimeline:
             # TraceMe/NVTX ranges: XLA's dispatch (PjitFunction, Execute, DevicePut) and
             # framework ranges; the user's own record_function ranges hold ops anyway.
             framework.append(iv)
-    for op in profile.cpu_ops:
-        if on_host_thread(op.tid):
-            iv = (op.start_us, op.start_us + op.dur_us)
-            (sync if is_host_sync(op.name) else framework).append(iv)
-    for r in profile.runtime:
-        if on_host_thread(r.tid):
-            iv = (r.start_us, r.start_us + r.dur_us)
-            (sync if is_sync_call(r.name, r.correlation, blocking) else framework).append(iv)
-    return HostTimeline(Coverage(data), Coverage(sync), Coverage(framework), blocking)
+    # Ops and runtime calls are most of the trace: columns, and each distinct name judged once.
+    op_sync, op_other = _split_spans(profile.cpu_ops, tids, set())
+    rt_sync, rt_other = _split_spans(profile.runtime, tids, blocking)
+    return HostTimeline(Coverage(data), _union(sync, op_sync, rt_sync),
+                        _union(framework, op_other, rt_other), blocking)
+
+
+_Spans = tuple[np.ndarray, np.ndarray]
+
+
+def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
+                 ) -> tuple[_Spans, _Spans]:
+    """(sync, other) [start, end) columns of the ops or runtime calls on the launching threads
+    (all threads when none launches); sync as :func:`is_sync_call` says."""
+    n = len(items)
+    starts = np.fromiter(map(_START, items), np.float64, n)
+    ends = starts + np.fromiter(map(_DUR, items), np.float64, n)
+    names = list(map(_NAME, items))
+    verdict = {name: is_host_sync(name) for name in set(names)}
+    is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
+    if blocking:
+        is_sync |= np.fromiter((c in blocking for c in map(_CORRELATION, items)), bool, n)
+    if tids:
+        on_host = np.fromiter(map(tids.__contains__, map(_TID, items)), bool, n)
+    else:
+        on_host = np.ones(n, dtype=bool)
+    sync, other = on_host & is_sync, on_host & ~is_sync
+    return (starts[sync], ends[sync]), (starts[other], ends[other])
+
+
+def _union(pairs: Intervals, *spans: _Spans) -> Coverage:
+    starts = np.concatenate([np.array([s for s, _ in pairs], np.float64), *(s for s, _ in spans)])
+    ends = np.concatenate([np.array([e for _, e in pairs], np.float64), *(e for _, e in spans)])
+    return Coverage.of_arrays(starts, ends)
 
 
 def _clip(cov: Coverage, a: float, b: float) -> Intervals:
-    return [(max(s, a), min(e, b)) for s, e in cov.iv_between(a, b)]
+    return cov.clip(a, b)
 
 
 def gpu_intervals(profile: Profile, is_comm: Any) -> tuple[Coverage, Coverage, Coverage]:
@@ -146,23 +172,40 @@ def iteration_shares(start: float, end: float, gpu: tuple[Coverage, Coverage, Co
 
 
 def _charge_gap(gs: float, ge: float, host: HostTimeline, out: dict[str, float]) -> None:
-    gap = [(gs, ge)]
-    data = _clip(host.data, gs, ge)
-    sync = subtract(_clip(host.sync, gs, ge), data)
-    framework = subtract(subtract(_clip(host.framework, gs, ge), data), sync)
-    glue: list[tuple[float, float]] = []
-    outside: list[tuple[float, float]] = []
-    for s, e in subtract(subtract(subtract(gap, data), sync), framework):
-        (glue if e - s < GLUE_MAX_US else outside).append((s, e))
-    dispatch = length(framework) + length(glue)
-    out["data_wait"] += length(data)
-    out["host"] += length(outside)
-    if host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
+    # The hot loop of the section (every gap of every iteration): most gaps meet no data
+    # fetch and no sync, so the subtractions of nothing are skipped; the sums are length()'s.
+    data = host.data.clip(gs, ge)
+    sync = host.sync.clip(gs, ge)
+    framework = host.framework.clip(gs, ge)
+    rest = [(gs, ge)]
+    if data:
+        sync, framework, rest = (subtract(sync, data), subtract(framework, data),
+                                 subtract(rest, data))
+    if sync:
+        framework, rest = subtract(framework, sync), subtract(rest, sync)
+    if framework:
+        rest = subtract(rest, framework)
+    glue = outside = 0.0
+    for s, e in rest:
+        if e - s < GLUE_MAX_US:
+            glue += e - s
+        else:
+            outside += e - s
+    dispatch = (length(framework) if framework else 0.0) + glue
+    synced = length(sync) if sync else 0.0
+    if data:
+        out["data_wait"] += length(data)
+    out["host"] += outside
+    if host.sync.iv and host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
         # The GPU ran dry while the host was blocked: re-filling its queue is the sync's cost.
-        out["sync"] += length(sync) + dispatch
+        out["sync"] += synced + dispatch
     else:
-        out["sync"] += length(sync)
+        out["sync"] += synced
         out["dispatch"] += dispatch
+
+
+def _minus(a: Intervals, b: Intervals) -> Intervals:
+    return subtract(a, b) if b else a
 
 
 def _corrected(mean: dict[str, float], profiled_ms: float,

@@ -7,9 +7,14 @@ communication with compute). Intervals are (start, end) tuples in microseconds.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
+from typing import Any
+
+import numpy as np
 
 Intervals = list[tuple[float, float]]
+_START, _DUR = attrgetter("start_us"), attrgetter("dur_us")
 
 
 def merge(intervals: Iterable[tuple[float, float]]) -> Intervals:
@@ -58,18 +63,58 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 
 
 def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
+    if lo == float("-inf") and hi == float("inf"):  # the common case, without the clipping
+        return sum(max(e - s, 0.0) for s, e in iv)
     return sum(max(min(e, hi) - max(s, lo), 0.0) for s, e in iv)
+
+
+_NUMPY_MIN = 256  # below this many intervals the plain merge is faster than numpy's
 
 
 class Coverage:
     """Merged intervals with prefix sums: overlap with any [a, b) in O(log n)."""
 
     def __init__(self, intervals: list[tuple[float, float]]) -> None:
-        self.iv = merge(intervals)
-        self.starts = [s for s, _ in self.iv]
-        self.prefix = [0.0]
-        for s, e in self.iv:
-            self.prefix.append(self.prefix[-1] + (e - s))
+        if len(intervals) < _NUMPY_MIN:
+            self.iv = merge(intervals)
+            self.starts = [s for s, _ in self.iv]
+            self.prefix = [0.0]
+            for s, e in self.iv:
+                self.prefix.append(self.prefix[-1] + (e - s))
+            return
+        pairs = np.array(intervals, dtype=np.float64).reshape(-1, 2)
+        self._from_arrays(pairs[:, 0], pairs[:, 1])
+
+    @classmethod
+    def of_spans(cls, items: Sequence[Any]) -> Coverage:
+        """The union of model events' [start_us, start_us + dur_us) (GpuActivity, CpuOp, ...)."""
+        starts = np.fromiter(map(_START, items), np.float64, len(items))
+        durs = np.fromiter(map(_DUR, items), np.float64, len(items))
+        return cls.of_arrays(starts, starts + durs)
+
+    @classmethod
+    def of_arrays(cls, starts: np.ndarray, ends: np.ndarray) -> Coverage:
+        cov = cls.__new__(cls)
+        cov._from_arrays(np.asarray(starts, np.float64), np.asarray(ends, np.float64))
+        return cov
+
+    def _from_arrays(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        # The same union as merge(): within a run of overlapping intervals the running maximum
+        # of the ends is the run's end; a run starts where a start passes the maximum so far.
+        keep = ends > starts
+        starts, ends = starts[keep], ends[keep]
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        reach = np.maximum.accumulate(ends) if len(ends) else ends
+        first = np.ones(len(starts), dtype=bool)
+        first[1:] = starts[1:] > reach[:-1]
+        at = np.flatnonzero(first)
+        run_starts = starts[at]
+        run_ends = reach[np.append(at[1:] - 1, len(starts) - 1)] if len(at) else reach[:0]
+        self.starts = run_starts.tolist()
+        self.iv = list(zip(self.starts, run_ends.tolist(), strict=True))
+        # cumsum adds left to right, as the loop above does: the same prefix sums
+        self.prefix = [0.0, *np.cumsum(run_ends - run_starts).tolist()]
 
     def overlap(self, a: float, b: float) -> float:
         """Covered time inside [a, b): prefix sums, then trim the two boundary intervals."""
@@ -91,6 +136,20 @@ class Coverage:
         if e > b:  # the part of the last interval after b
             total -= e - b if b > s else e - s
         return total if total > 0.0 else 0.0
+
+    def clip(self, a: float, b: float) -> Intervals:
+        """The merged intervals inside [a, b), cut at a and b."""
+        starts = self.starts
+        if not starts or b <= starts[0]:
+            return []
+        lo = bisect.bisect_right(starts, a) - 1
+        if lo < 0:
+            lo = 0
+        hi = bisect.bisect_left(starts, b, lo)
+        if hi - lo == 1:  # the usual case: one interval
+            s, e = self.iv[lo]
+            return [(s if s > a else a, e if e < b else b)] if e > a else []
+        return [(s if s > a else a, e if e < b else b) for s, e in self.iv[lo:hi] if e > a]
 
     def iv_between(self, a: float, b: float) -> Intervals:
         """The merged intervals that overlap [a, b), unclipped."""

@@ -66,11 +66,18 @@ class SimKernel:
     eligible: bool
 
 
+def _no_factor(k: SimKernel) -> float:
+    return 1.0
+
+
+_NO_FACTOR = _no_factor  # a Fix that changes no kernel: the replay skips the calls
+
+
 @dataclass(slots=True)
 class Fix:
     """What a recommendation changes: kernel durations, host segment rates, syncs."""
 
-    kernel_factor: Callable[[SimKernel], float] = lambda k: 1.0
+    kernel_factor: Callable[[SimKernel], float] = _no_factor
     framework_rate: float = 1.0  # host time inside framework ops and their glue
     outside_rate: float = 1.0  # host work outside ops (numpy, tokenisation)
     data_rate: float = 1.0  # data-loader waits
@@ -96,33 +103,43 @@ class Replay:
     def run(self, fix: Fix, host_scale: float = 1.0) -> float:
         """Replayed window time (us) under ``fix``; host framework time times ``host_scale``."""
         table = self._table or self._prepare()
+        identity = _is_identity(fix)
+        if identity and host_scale in table.identity_runs:  # the base of every prediction
+            return table.identity_runs[host_scale]
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0}
         now_of, origin, host_end0 = table.host_times(rates)
+        factor = fix.kernel_factor
+        if factor is _NO_FACTOR:
+            durations = table.durations  # x / max(1.0, 1e-6) is x
+        else:
+            durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
+                         for k in table.kernels]
         waited = 0.0
         # the window opens when the GPU finished earlier work: nothing of it starts before.
         # One queue per device (compute kernels on side streams rarely overlap in training,
         # and the trace keeps no cross-stream dependencies), collectives on their own.
-        free: dict[tuple[int, bool], float] = {}
+        free = [origin] * table.queues
         gpu_done = float("-inf")
         latency = self.latency_us
-        kernels = self.kernels
-        factor = fix.kernel_factor
-        for now0, i in zip(now_of, table.index, strict=True):
-            now = now0 + waited
-            if i < 0:  # a host sync: wait for all work launched before it
-                if fix.syncs_wait and gpu_done > now:
-                    waited += gpu_done - now
+        syncs_wait = fix.syncs_wait
+        for now0, queue, dur in zip(now_of, table.queue, durations, strict=True):
+            if queue < 0:  # a host sync: wait for all work launched before it
+                if syncs_wait and gpu_done > now0 + waited:
+                    waited += gpu_done - (now0 + waited)
                 continue
-            k = kernels[i]
-            key = (k.act.device, k.category == "communication")
-            begin = max(now + latency, free.get(key, origin))
-            end = begin + k.act.dur_us / max(factor(k), 1e-6)
-            free[key] = end
+            begin = now0 + waited + latency
+            if free[queue] > begin:
+                begin = free[queue]
+            end = begin + dur
+            free[queue] = end
             if end > gpu_done:
                 gpu_done = end
-        return max(host_end0 + waited, gpu_done) - origin
+        total = max(host_end0 + waited, gpu_done) - origin
+        if identity:
+            table.identity_runs[host_scale] = total
+        return total
 
     def _prepare(self) -> _EventTable:
         times = [t0 for t0, _ in self.syncs]
@@ -136,6 +153,12 @@ class Replay:
         return self._table
 
 
+def _is_identity(fix: Fix) -> bool:
+    return (fix.kernel_factor is _NO_FACTOR and fix.framework_rate == 1.0
+            and fix.outside_rate == 1.0 and fix.data_rate == 1.0 and fix.copy_call_rate == 1.0
+            and fix.syncs_wait)
+
+
 KINDS = ("framework", "outside", "data", "copy_call", "sync")
 
 
@@ -145,6 +168,14 @@ class _EventTable:
 
     def __init__(self, replay: Replay, times: list[float], index: list[int]) -> None:
         self.index = index
+        # per event: its kernel (None for a sync), its queue (-1 for a sync), its duration
+        self.kernels = [replay.kernels[i] if i >= 0 else None for i in index]
+        queue_of: dict[tuple[int, bool], int] = {}
+        self.queue = [-1 if k is None else queue_of.setdefault(
+            (k.act.device, k.category == "communication"), len(queue_of)) for k in self.kernels]
+        self.queues = len(queue_of)
+        self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
+        self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
         segs = replay.segments
         starts = np.array([s for s, _, _ in segs], dtype=np.float64)
         ends = np.array([e for _, e, _ in segs], dtype=np.float64)
