@@ -8,9 +8,14 @@ containment search, so million-event traces stay fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any
 
-from ..model import OPTIMIZER, CpuOp, Profile
+import numpy as np
+
+from ..model import OPTIMIZER, Annotation, CpuOp, Profile
 from .flops import op_flops
 
 FORWARD = "forward"
@@ -49,108 +54,140 @@ def link_launches(profile: Profile, is_eligible
 
     Also returns the FLOPs of each op (index into profile.cpu_ops) some launch ran under.
     """
-    by_tid: dict[int, list[tuple[float, float, int, int]]] = {}
-    # entries: (start, -end-order, kind, index); kind 0 = op, 1 = annotation, 2 = runtime call
-    for i, op in enumerate(profile.cpu_ops):
-        by_tid.setdefault(op.tid, []).append((op.start_us, -op.dur_us, 0, i))
-    host_ann = [a for a in profile.annotations if not a.on_gpu]
-    # Annotations carry no tid in the model: put them on every thread that launches work.
-    launch_tids = {r.tid for r in profile.runtime} or {0}
-    for i, a in enumerate(host_ann):
-        for tid in launch_tids:
-            by_tid.setdefault(tid, []).append((a.start_us, -a.dur_us, 1, i))
-    for i, r in enumerate(profile.runtime):
-        if r.correlation is not None:
-            by_tid.setdefault(r.tid, []).append((r.start_us, 0.0, 2, i))
-
-    eligible_cache: dict[str, bool] = {}
-    flops_cache: dict[int, float | None] = {}
-
-    def flops_of(i: int) -> float | None:
-        if i not in flops_cache:
-            flops_cache[i] = op_flops(profile.cpu_ops[i])
-        return flops_cache[i]
-
-    def eligible(name: str) -> bool:
-        v = eligible_cache.get(name)
-        if v is None:
-            v = eligible_cache[name] = bool(is_eligible(name))
-        return v
-
     out: dict[int, LaunchContext] = {}
     in_optimizer: dict[int, int] = {}  # correlation -> the optimizer-step range around it
-    for events in by_tid.values():
-        events.sort()
-        stack: list[tuple[float, int, int]] = []  # (end, kind, index)
-        cached: tuple | None = None  # the stack's summary, valid until the stack changes
-        for start, _neg, kind, idx in events:
+    fold = _StackFold(profile, is_eligible)
+    for starts, kinds, indices, ends in _sweeps(profile, fold.host_ann):
+        # stack entries: [end, kind, index, the summary of the stack up to it or None]
+        stack: list[list] = []
+        for start, kind, idx, end in zip(starts, kinds, indices, ends, strict=True):
             while stack and stack[-1][0] <= start:
                 stack.pop()
-                cached = None
-            if kind == 0:
-                op = profile.cpu_ops[idx]
-                stack.append((op.start_us + op.dur_us, 0, idx))
-                cached = None
-                continue
-            if kind == 1:
-                a = host_ann[idx]
-                stack.append((a.start_us + a.dur_us, 1, idx))
-                cached = None
+            if kind != _LAUNCH:
+                stack.append([end, kind, idx, None])
                 continue
             call = profile.runtime[idx]
             assert call.correlation is not None  # only correlated calls were queued
-            if cached is not None:
-                out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
-                if cached[-1] is not None:
-                    in_optimizer[call.correlation] = cached[-1]
-                continue
-            outer = inner = None
-            saw_op = False
-            flop_op = None
-            is_elig = False
-            phase: str | None = FORWARD
-            types = None
-            source = None
-            opt_range = None
-            backward = False
-            for _end, k, j in stack:
-                if k == 1:
-                    a = host_ann[j]
-                    if a.kind == OPTIMIZER or a.name.startswith("Optimizer."):
-                        if opt_range is None:
-                            opt_range = j
-                    continue
-                op = profile.cpu_ops[j]
-                saw_op = True
-                name = op.name
-                if name.startswith("autograd::engine::evaluate_function") or "Backward" in name:
-                    backward = True
-                if eligible(name):
-                    is_elig = True
-                if flops_of(j):
-                    flop_op = j  # the innermost op with FLOPs wins
-                if not name.startswith(_WRAPPER_PREFIXES):
-                    if outer is None:
-                        outer = name
-                    inner = name
-                    if op.input_types:
-                        types = op.input_types
-                if op.stack and source is None:
-                    source = _user_frame(op)
+            outer, inner, is_elig, flop_op, types, source, opt_range, backward, saw_op = (
+                fold.summary(stack) if stack else _EMPTY)
             # Backward wins over an enclosing optimizer step: closure optimizers (Lightning's
             # automatic optimisation, LBFGS) run forward and backward inside step(closure).
             if backward:
-                phase = BACKWARD
+                phase: str | None = BACKWARD
             elif opt_range is not None:
                 phase = OPTIMIZER_PHASE
-            if not saw_op and phase == FORWARD:
-                phase = None  # no framework op around the launch (XLA, raw CUDA): unknown
-            cached = (outer, inner, is_elig, phase, flop_op, types, source, opt_range)
-            out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
+            else:  # no framework op around the launch (XLA, raw CUDA): unknown
+                phase = FORWARD if saw_op else None
+            out[call.correlation] = LaunchContext(call.start_us, outer, inner, is_elig, phase,
+                                                  flop_op, types, source)
             if opt_range is not None:
                 in_optimizer[call.correlation] = opt_range
     _split_closures(out, in_optimizer)
-    return out, {i: f for i, f in flops_cache.items() if f}
+    return out, {i: f for i, f in fold.flops.items() if f}
+
+
+_OP, _ANNOTATION, _LAUNCH = 0, 1, 2
+# (outer, inner, eligible, flop_op, input_types, source, optimizer range, backward, saw an op)
+_EMPTY: tuple = (None, None, False, None, None, None, None, False, False)
+_START, _DUR, _TID = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("tid")
+
+
+def _sweeps(profile: Profile, host_ann: list[Annotation]
+            ) -> Iterator[tuple[list[float], list[int], list[int], list[float]]]:
+    """Per launching thread: its ops, the host annotations and its correlated launches as
+    (start, kind, index, end) columns, ordered by (start, -duration, kind, index). Threads
+    that launch nothing are skipped: no launch of theirs needs a context."""
+    ops = profile.cpu_ops
+    codes: dict[int, int] = {}  # tid -> a small int, so threads are told apart in numpy
+    op_tid = np.fromiter((codes.setdefault(t, len(codes)) for t in map(_TID, ops)), np.int64,
+                         len(ops))
+    op_start = np.fromiter(map(_START, ops), np.float64, len(ops))
+    op_dur = np.fromiter(map(_DUR, ops), np.float64, len(ops))
+    ann_start = np.array([a.start_us for a in host_ann], np.float64)
+    ann_dur = np.array([a.dur_us for a in host_ann], np.float64)
+    launches: dict[int, list[int]] = {}
+    for i, r in enumerate(profile.runtime):
+        if r.correlation is not None:
+            launches.setdefault(r.tid, []).append(i)
+    # Annotations carry no tid in the model: put them on every thread that launches work.
+    for tid, calls in launches.items():
+        op_idx = np.flatnonzero(op_tid == codes.get(tid, -1))
+        call_start = np.array([profile.runtime[i].start_us for i in calls], np.float64)
+        starts = np.concatenate([op_start[op_idx], ann_start, call_start])
+        durs = np.concatenate([op_dur[op_idx], ann_dur, np.zeros(len(calls))])
+        kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(len(host_ann), _ANNOTATION),
+                                np.full(len(calls), _LAUNCH)])
+        index = np.concatenate([op_idx, np.arange(len(host_ann)), np.array(calls, np.int64)])
+        order = np.lexsort((index, kinds, -durs, starts))
+        columns = _drop_closed(starts[order], kinds[order], index[order],
+                               (starts + durs)[order])
+        yield tuple(c.tolist() for c in columns)  # type: ignore[misc]
+
+
+def _drop_closed(starts: np.ndarray, kinds: np.ndarray, index: np.ndarray, ends: np.ndarray,
+                 passes: int = 8) -> tuple[np.ndarray, ...]:
+    """Leave out the ranges that end before the next event starts (leaf ops, then ops whose
+    children were all left out): the sweep would push one and pop it at the next event, and
+    popping at that event pops everything popping at the range's own start did, so the
+    stacks every launch sees are the same without them."""
+    for _ in range(passes):
+        following = np.append(starts[1:], np.inf)
+        keep = (kinds == _LAUNCH) | ~(following >= ends)
+        if keep.all():
+            break
+        starts, kinds, index, ends = starts[keep], kinds[keep], index[keep], ends[keep]
+    return starts, kinds, index, ends
+
+
+class _StackFold:
+    """The launch context of a stack of open ranges, folded bottom to top. Each entry keeps
+    the fold up to itself, so a launch costs the entries pushed since the last one."""
+
+    def __init__(self, profile: Profile, is_eligible: Callable[[str], Any]) -> None:
+        self.ops = profile.cpu_ops
+        self.host_ann = [a for a in profile.annotations if not a.on_gpu]
+        self.is_eligible = is_eligible
+        self.names: dict[str, tuple[bool, bool, bool]] = {}  # backward, eligible, shown
+        self.flops: dict[int, float | None] = {}
+
+    def summary(self, stack: list[list]) -> tuple:
+        low = len(stack) - 1
+        while low >= 0 and stack[low][3] is None:
+            low -= 1
+        acc = stack[low][3] if low >= 0 else _EMPTY
+        for entry in stack[low + 1:]:
+            acc = entry[3] = self._push(acc, entry[1], entry[2])
+        return acc
+
+    def _name(self, name: str) -> tuple[bool, bool, bool]:
+        props = self.names[name] = (
+            name.startswith("autograd::engine::evaluate_function") or "Backward" in name,
+            bool(self.is_eligible(name)), not name.startswith(_WRAPPER_PREFIXES))
+        return props
+
+    def _push(self, acc: tuple, kind: int, j: int) -> tuple:
+        if kind == _ANNOTATION:
+            a = self.host_ann[j]
+            if acc[6] is None and (a.kind == OPTIMIZER or a.name.startswith("Optimizer.")):
+                return (*acc[:6], j, *acc[7:])
+            return acc
+        outer, inner, elig, flop_op, types, source, opt_range, backward, _saw = acc
+        op = self.ops[j]
+        name = op.name
+        is_backward, is_elig, shown = self.names.get(name) or self._name(name)
+        flops = self.flops[j] = op_flops(op)
+        if flops:
+            flop_op = j  # the innermost op with FLOPs wins
+        if shown:
+            if outer is None:
+                outer = name
+            inner = name
+            if op.input_types:
+                types = op.input_types
+        if source is None and op.stack:
+            source = _user_frame(op)
+        return (outer, inner, elig or is_elig, flop_op, types, source, opt_range,
+                backward or is_backward, True)
 
 
 def _split_closures(out: dict[int, LaunchContext], in_optimizer: dict[int, int]) -> None:
