@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import attrgetter
 from typing import Any
 
@@ -49,6 +50,7 @@ _START, _DUR, _NAME = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("
 _TID, _CORRELATION = attrgetter("tid"), attrgetter("correlation")
 
 
+@lru_cache(maxsize=1 << 16)  # asked for every runtime call: a trace has few distinct names
 def is_host_sync(name: str) -> bool:
     """A host call that blocks until the device has finished (not a GPU-side stream wait)."""
     return (name.startswith(HOST_SYNC_CALLS) or name in HOST_SYNC_EXACT

@@ -11,6 +11,7 @@ load imbalance and the distributed recommendations (docs/recommendations.md).
 from __future__ import annotations
 
 import statistics
+from operator import attrgetter
 from typing import Any
 
 from ..model import KERNEL, Profile
@@ -117,7 +118,8 @@ def _has_communication(profile: Profile) -> bool:
                 for a in profile.gpu)
             or any(not a.on_gpu and a.name.startswith(COMM_RANGE_PREFIXES)
                    for a in profile.annotations)
-            or any(is_communication_name(op.name) for op in profile.cpu_ops))
+            # a trace has few distinct op names: judge each once
+            or any(map(is_communication_name, set(map(attrgetter("name"), profile.cpu_ops)))))
 
 
 def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str, Any] | None:

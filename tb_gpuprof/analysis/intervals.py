@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -82,8 +83,8 @@ class Coverage:
             for s, e in self.iv:
                 self.prefix.append(self.prefix[-1] + (e - s))
             return
-        pairs = np.array(intervals, dtype=np.float64).reshape(-1, 2)
-        self._from_arrays(pairs[:, 0], pairs[:, 1])
+        flat = np.fromiter(chain.from_iterable(intervals), np.float64, 2 * len(intervals))
+        self._from_arrays(flat[0::2], flat[1::2])
 
     @classmethod
     def of_spans(cls, items: Sequence[Any]) -> Coverage:

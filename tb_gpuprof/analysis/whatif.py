@@ -212,7 +212,7 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     whole: Intervals = [(start_us, end_us)]
 
     def clip(cov: Coverage) -> Intervals:
-        return [(max(s, start_us), min(e, end_us)) for s, e in cov.iv_between(start_us, end_us)]
+        return cov.clip(start_us, end_us)
 
     d = clip(data)
     sy = subtract(clip(sync), d)
@@ -231,21 +231,33 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     return replay
 
 
+def _act_start(k: SimKernel) -> float:
+    return k.act.start_us
+
+
+_ACT_START = _act_start
+
+
 def _launch_latency(kernels: Sequence[SimKernel]) -> float:
     """Median launch-to-start time of kernels that found their stream idle. Only the first
     kernel of a launch counts: a CUDA graph's kernels share one launch call."""
     free: dict[tuple[int, int], float] = {}
     gaps = []
     seen: set[float] = set()
-    for k in sorted(kernels, key=lambda k: k.act.start_us):
-        key = (k.act.device, k.act.stream)
-        first = k.launch_us is not None and k.launch_us not in seen
-        if k.launch_us is not None:
-            seen.add(k.launch_us)
-        if first and k.launch_us is not None and \
-                k.act.start_us > free.get(key, float("-inf")) + 1.0:
-            gaps.append(k.act.start_us - k.launch_us)
-        free[key] = max(free.get(key, float("-inf")), k.act.start_us + k.act.dur_us)
+    never = float("-inf")
+    for k in sorted(kernels, key=_ACT_START):
+        a = k.act
+        key = (a.device, a.stream)
+        launch = k.launch_us
+        if launch is not None:
+            if launch not in seen and a.start_us > free.get(key, never) + 1.0:
+                gaps.append(a.start_us - launch)
+            seen.add(launch)
+        end = a.start_us + a.dur_us
+        if end > free.get(key, never):
+            free[key] = end
+        elif key not in free:
+            free[key] = never  # as max(-inf, end) for an end that is not above -inf (NaN)
     gaps = sorted(g for g in gaps if g >= 0)
     if not gaps:
         return 5.0
