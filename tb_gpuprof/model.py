@@ -2,13 +2,18 @@
 
 Times are microseconds on one clock per profile (the reader's), durations too. Readers fill
 what their format knows and leave the rest ``None``; analysis never assumes a field is set.
-Plain slotted dataclasses: a 1M-event trace must fit in a few hundred MB.
+The per-event classes are msgspec Structs without GC tracking: a 1M-event trace must fit in a
+few hundred MB and be built in about a second (a Struct is created about 4x faster than a
+slotted dataclass, in 16 bytes less). They hold no reference cycles (nothing points back at
+an event), which is what leaving them out of the cycle collector needs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 # GpuActivity.kind values
 KERNEL = "kernel"
@@ -23,8 +28,7 @@ USER = "user"  # record_function / NVTX / tf.profiler.TraceMe ranges
 PHASE = "phase"  # forward / backward markers when a framework emits them
 
 
-@dataclass(slots=True)
-class GpuActivity:
+class GpuActivity(msgspec.Struct, gc=False):
     """One kernel, memcpy or memset that ran on a GPU."""
 
     kind: str
@@ -46,8 +50,7 @@ class GpuActivity:
     op_type: str | None = None  # op type when known (Conv2D, MatMul, convolution, dot)
 
 
-@dataclass(slots=True)
-class CpuOp:
+class CpuOp(msgspec.Struct, gc=False):
     """A framework operator on the host (aten::conv2d, TF op, ...)."""
 
     name: str
@@ -62,8 +65,7 @@ class CpuOp:
     concrete_inputs: list[Any] | None = None  # scalar arguments (stride, padding, ...) as text
 
 
-@dataclass(slots=True)
-class RuntimeCall:
+class RuntimeCall(msgspec.Struct, gc=False):
     """A CUDA runtime/driver API call on the host (cudaLaunchKernel, cudaMemcpyAsync, ...)."""
 
     name: str
@@ -74,8 +76,7 @@ class RuntimeCall:
     external_id: int | None = None
 
 
-@dataclass(slots=True)
-class Annotation:
+class Annotation(msgspec.Struct, gc=False):
     """A named time range: iteration marker, optimizer step, data loading, user/NVTX range."""
 
     name: str
