@@ -14,6 +14,7 @@ import itertools
 import re
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from ..model import STEP, USER, Annotation, GpuActivity
@@ -123,6 +124,81 @@ def _int_stat_value(stat: bytes) -> int:
     if signed and value >= 1 << 63:  # two's complement
         value -= 1 << 64
     return value
+
+
+class _Headers:
+    """Every event's metadata id, offset and duration, decoded from the line's event bytes in
+    numpy (varints, column-wise) instead of one upb attribute read per field and event.
+
+    Producers write an XEvent's fields in field order: metadata_id (tag 0x08), offset_ps
+    (0x10), duration_ps (0x18), then stats (0x22) and num_occurrences (0x28). Each event's
+    fields after the header are walked too (column-wise, one field per step), so an event
+    that repeats or reorders a header field, or a varint running past its event, makes
+    ``ok`` False, and the caller reads that line with upb instead.
+    """
+
+    __slots__ = ("_buf", "durations", "has_offset", "has_rest", "metadata_ids", "offsets", "ok")
+
+    def __init__(self, events: Any) -> None:
+        n = len(events)
+        lens = np.fromiter(map(len, events), np.int64, n)
+        self._buf = np.frombuffer(b"".join(events) + b"\x00" * 11, np.uint8)  # padded
+        ends = np.cumsum(lens)
+        pos = ends - lens
+        self.metadata_ids, _ = self._field(pos, ends, 0x08)
+        self.offsets, self.has_offset = self._field(pos, ends, 0x10)
+        self.durations, _ = self._field(pos, ends, 0x18)
+        self.has_rest = pos < ends
+        self.ok = self._only_stats_follow(pos, ends)
+        del self._buf
+
+    def _varints(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(value, position after it) of the varints starting at ``at``; position -1 for a
+        varint longer than 10 bytes."""
+        buf = self._buf
+        value = np.zeros(len(at), np.uint64)
+        at = at.copy()
+        going = np.ones(len(at), dtype=bool)
+        for k in range(10):
+            byte = buf[at].astype(np.uint64)
+            value[going] |= (byte[going] & np.uint64(0x7F)) << np.uint64(7 * k)
+            at[going] += 1
+            going &= byte >= 0x80
+            if not going.any():
+                return value, at
+        at[going] = -1
+        return value, at
+
+    def _field(self, pos: np.ndarray, ends: np.ndarray, tag: int
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """The int64 values of field ``tag`` where it comes next (0 elsewhere); moves ``pos``
+        past it. A varint that runs past its event is left for the walk to reject."""
+        present = (pos < ends) & (self._buf[pos] == tag)
+        value = np.zeros(len(pos), np.uint64)
+        idx = np.flatnonzero(present)
+        v, after = self._varints(pos[idx] + 1)
+        value[idx] = v
+        pos[idx] = np.where(after < 0, ends[idx] + 1, after)
+        return value.view(np.int64), present
+
+    def _only_stats_follow(self, pos: np.ndarray, ends: np.ndarray) -> bool:
+        """True when every event's fields after its header are stats or num_occurrences
+        and end exactly at the event's end."""
+        idx = np.flatnonzero(pos < ends)
+        at, end = pos[idx], ends[idx]
+        while len(idx):
+            tag = self._buf[at]
+            if not np.isin(tag, (0x22, 0x28)).all():
+                return False
+            value, after = self._varints(at + 1)
+            if (after < 0).any() or (value > np.uint64(1 << 40)).any():
+                return False
+            at = np.where(tag == 0x22, after + value.astype(np.int64), after)
+            if (at > end).any():
+                return False
+            more = at < end
+            idx, at, end = idx[more], at[more], end[more]
+        return not (pos > ends).any()
 
 
 class _UpbPlane:
@@ -296,26 +372,28 @@ class UpbReader(wire._Reader):
         host_event = self.host_event
         annotations = self.profile.annotations
         for raw in p.msg.lines:
-            line = XLineSlim.FromString(raw)
-            tid, base_ps = line.id, line.timestamp_ns * 1000
+            head = XLineHeader.FromString(raw)
+            events = list(XLineEventBytes.FromString(raw).events)  # upb copies per access
+            cols = _Headers(events)
+            if not cols.ok:  # a layout the column decoder does not take: as upb reads it
+                self._host_line_upb(raw, cats, find, p, cupti, is_tf, wanted)
+                continue
+            tid, base_ps = head.id, head.timestamp_ns * 1000
             # A line none of whose bytes look like a wanted stat (the threads that launch
             # nothing) never needs its events' bytes.
-            events_bytes = (XLineEventBytes.FromString(raw).events if find(raw) is not None
-                            else itertools.repeat(b"", len(line.events)))
-            for ev, ev_bytes in zip(line.events, events_bytes, strict=True):
-                mid = ev.metadata_id
+            stats_here = find(raw) is not None
+            for mid, off, has_off, dur, rest, ev_bytes in zip(
+                    cols.metadata_ids.tolist(), cols.offsets.tolist(),
+                    cols.has_offset.tolist(), cols.durations.tolist(), cols.has_rest.tolist(),
+                    events, strict=True):
                 cat = cats.get(mid)
                 if cat is None:
-                    md = emd.get(mid)
-                    name = (md[0] or md[1]) if md else f"#{mid}"
-                    cat = cats[mid] = wire._classify_host(name, cupti, is_tf)
+                    cat = cats[mid] = self._host_category(emd, mid, cupti, is_tf)
                 if cat[0] == skip:
                     continue
-                off = ev.offset_ps
-                if not off and not ev.HasField("offset_ps"):
+                if not has_off:
                     continue  # aggregated: no place on a timeline
-                dur = ev.duration_ps
-                if ev_bytes and find(ev_bytes) is not None:
+                if rest and stats_here and find(ev_bytes) is not None:
                     st = _stats(XEvent.FromString(ev_bytes).stats, names, wanted) or None
                     host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
                 elif cat[0] == user:  # the common case, inline: a TraceMe range
@@ -324,6 +402,46 @@ class UpbReader(wire._Reader):
                                                       USER))
                 else:
                     host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, None)
+
+    @staticmethod
+    def _host_category(emd: dict, mid: int, cupti: bool,
+                       is_tf: bool) -> tuple[int, str, int | None]:
+        md = emd.get(mid)
+        name = (md[0] or md[1]) if md else f"#{mid}"
+        return wire._classify_host(name, cupti, is_tf)
+
+    def _host_line_upb(self, raw: bytes, cats: dict, find: Any, p: Any, cupti: bool,
+                       is_tf: bool, wanted: dict[int, str]) -> None:
+        """One host line with every header field read through upb (any field order)."""
+        names, emd = p.names, p.emd
+        skip, user = wire._SKIP, wire._USER
+        host_event = self.host_event
+        annotations = self.profile.annotations
+        line = XLineSlim.FromString(raw)
+        tid, base_ps = line.id, line.timestamp_ns * 1000
+        events_bytes = (XLineEventBytes.FromString(raw).events if find(raw) is not None
+                        else itertools.repeat(b"", len(line.events)))
+        for ev, ev_bytes in zip(line.events, events_bytes, strict=True):
+            mid = ev.metadata_id
+            cat = cats.get(mid)
+            if cat is None:
+                cat = cats[mid] = self._host_category(emd, mid, cupti, is_tf)
+            if cat[0] == skip:
+                continue
+            off = ev.offset_ps
+            if not off and not ev.HasField("offset_ps"):
+                continue  # aggregated: no place on a timeline
+            dur = ev.duration_ps
+            if ev_bytes and find(ev_bytes) is not None:
+                st = _stats(XEvent.FromString(ev_bytes).stats, names, wanted) or None
+                host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
+            elif cat[0] == user:
+                if dur > 0:
+                    annotations.append(Annotation(cat[1], (base_ps + off) / 1e6, dur / 1e6,
+                                                  USER))
+            else:
+                host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, None)
+
 
 def read_file(path: str) -> Any:
     """The Profile of one XSpace file; bad input raises what the wire decoder says."""
