@@ -128,18 +128,22 @@ def _int_stat_value(stat: bytes) -> int:
 
 class _Headers:
     """Every event's metadata id, offset and duration, decoded from the line's event bytes in
-    numpy (varints, column-wise) instead of one upb attribute read per field and event.
+    numpy (varints, column-wise) instead of one upb attribute read per field and event; and,
+    with ``wanted`` (stat id -> name), each event's wanted integer stats.
 
     Producers write an XEvent's fields in field order: metadata_id (tag 0x08), offset_ps
     (0x10), duration_ps (0x18), then stats (0x22) and num_occurrences (0x28). Each event's
     fields after the header are walked too (column-wise, one field per step), so an event
     that repeats or reorders a header field, or a varint running past its event, makes
-    ``ok`` False, and the caller reads that line with upb instead.
+    ``ok`` False, and the caller reads that line with upb instead. A stat is taken here only
+    as ``metadata_id`` then one uint64/int64 value; an event with a stat that may carry a
+    wanted id in any other layout is marked ``decode`` (upb decodes its stats).
     """
 
-    __slots__ = ("_buf", "durations", "has_offset", "has_rest", "metadata_ids", "offsets", "ok")
+    __slots__ = ("_buf", "decode", "durations", "has_offset", "metadata_ids", "offsets",
+                 "ok", "stats")
 
-    def __init__(self, events: Any) -> None:
+    def __init__(self, events: Any, wanted: dict[int, str]) -> None:
         n = len(events)
         lens = np.fromiter(map(len, events), np.int64, n)
         self._buf = np.frombuffer(b"".join(events) + b"\x00" * 11, np.uint8)  # padded
@@ -148,8 +152,12 @@ class _Headers:
         self.metadata_ids, _ = self._field(pos, ends, 0x08)
         self.offsets, self.has_offset = self._field(pos, ends, 0x10)
         self.durations, _ = self._field(pos, ends, 0x18)
-        self.has_rest = pos < ends
-        self.ok = self._only_stats_follow(pos, ends)
+        self.stats: dict[int, dict[str, int]] = {}  # event index -> its wanted stats
+        self.decode = np.zeros(n, dtype=bool)
+        walked = self._walk_rest(pos, ends)
+        self.ok = walked is not None and not (pos > ends).any()
+        if self.ok and walked is not None and wanted:
+            self._int_stats(*walked, wanted)
         del self._buf
 
     def _varints(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -181,24 +189,50 @@ class _Headers:
         pos[idx] = np.where(after < 0, ends[idx] + 1, after)
         return value.view(np.int64), present
 
-    def _only_stats_follow(self, pos: np.ndarray, ends: np.ndarray) -> bool:
-        """True when every event's fields after its header are stats or num_occurrences
-        and end exactly at the event's end."""
+    def _walk_rest(self, pos: np.ndarray, ends: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(event index, start, end) of every stat, when every event's fields after its
+        header are stats or num_occurrences ending exactly at the event's end; else None."""
         idx = np.flatnonzero(pos < ends)
         at, end = pos[idx], ends[idx]
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         while len(idx):
             tag = self._buf[at]
             if not np.isin(tag, (0x22, 0x28)).all():
-                return False
+                return None
             value, after = self._varints(at + 1)
             if (after < 0).any() or (value > np.uint64(1 << 40)).any():
-                return False
-            at = np.where(tag == 0x22, after + value.astype(np.int64), after)
-            if (at > end).any():
-                return False
-            more = at < end
-            idx, at, end = idx[more], at[more], end[more]
-        return not (pos > ends).any()
+                return None
+            is_stat = tag == 0x22
+            nxt = np.where(is_stat, after + value.astype(np.int64), after)
+            if (nxt > end).any():
+                return None
+            found.append((idx[is_stat], after[is_stat], nxt[is_stat]))
+            more = nxt < end
+            idx, at, end = idx[more], nxt[more], end[more]
+        if not found:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return tuple(np.concatenate(c) for c in zip(*found, strict=True))  # type: ignore
+
+    def _int_stats(self, event: np.ndarray, start: np.ndarray, end: np.ndarray,
+                   wanted: dict[int, str]) -> None:
+        buf = self._buf
+        ids = np.fromiter(wanted, np.int64, len(wanted))
+        id_first = (buf[start] == 0x08) & (end > start)
+        self.decode[event[~id_first]] = True  # its id is not where we read it: upb decides
+        event, start, end = event[id_first], start[id_first], end[id_first]
+        mid, after = self._varints(start + 1)
+        mine = np.isin(mid.view(np.int64), ids) & (after > 0)
+        event, end, mid, after = event[mine], end[mine], mid[mine], after[mine]
+        tag = buf[after]
+        value, stop = self._varints(after + 1)
+        plain = ((tag == 0x18) | (tag == 0x20)) & (stop == end)
+        self.decode[event[~plain]] = True
+        signed = value.view(np.int64)
+        for e, m, t, v, sv in zip(event[plain].tolist(), mid[plain].tolist(),
+                                  tag[plain].tolist(), value[plain].tolist(),
+                                  signed[plain].tolist(), strict=True):
+            self.stats.setdefault(e, {})[wanted[m]] = sv if t == 0x20 else v
 
 
 class _UpbPlane:
@@ -374,18 +408,15 @@ class UpbReader(wire._Reader):
         for raw in p.msg.lines:
             head = XLineHeader.FromString(raw)
             events = list(XLineEventBytes.FromString(raw).events)  # upb copies per access
-            cols = _Headers(events)
+            cols = _Headers(events, wanted)
             if not cols.ok:  # a layout the column decoder does not take: as upb reads it
                 self._host_line_upb(raw, cats, find, p, cupti, is_tf, wanted)
                 continue
             tid, base_ps = head.id, head.timestamp_ns * 1000
-            # A line none of whose bytes look like a wanted stat (the threads that launch
-            # nothing) never needs its events' bytes.
-            stats_here = find(raw) is not None
-            for mid, off, has_off, dur, rest, ev_bytes in zip(
+            stats, decode = cols.stats, cols.decode.tolist()
+            for i, (mid, off, has_off, dur) in enumerate(zip(
                     cols.metadata_ids.tolist(), cols.offsets.tolist(),
-                    cols.has_offset.tolist(), cols.durations.tolist(), cols.has_rest.tolist(),
-                    events, strict=True):
+                    cols.has_offset.tolist(), cols.durations.tolist(), strict=True)):
                 cat = cats.get(mid)
                 if cat is None:
                     cat = cats[mid] = self._host_category(emd, mid, cupti, is_tf)
@@ -393,8 +424,9 @@ class UpbReader(wire._Reader):
                     continue
                 if not has_off:
                     continue  # aggregated: no place on a timeline
-                if rest and stats_here and find(ev_bytes) is not None:
-                    st = _stats(XEvent.FromString(ev_bytes).stats, names, wanted) or None
+                if i in stats or decode[i]:
+                    st = (_stats(XEvent.FromString(events[i]).stats, names, wanted)
+                          if decode[i] else stats[i]) or None
                     host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
                 elif cat[0] == user:  # the common case, inline: a TraceMe range
                     if dur > 0:
