@@ -401,78 +401,87 @@ class UpbReader(wire._Reader):
         wanted = {mid: n for mid, n in names.items() if n in wire.HOST_STATS}
         if is_tf:
             self.profile.metadata.setdefault("framework", "tensorflow")
-        find = _stat_finder(wanted).search
-        skip, user = wire._SKIP, wire._USER
-        host_event = self.host_event
-        annotations = self.profile.annotations
         for raw in p.msg.lines:
             head = XLineHeader.FromString(raw)
-            events = list(XLineEventBytes.FromString(raw).events)  # upb copies per access
-            cols = _Headers(events, wanted)
-            if not cols.ok:  # a layout the column decoder does not take: as upb reads it
-                self._host_line_upb(raw, cats, find, p, cupti, is_tf, wanted)
-                continue
-            tid, base_ps = head.id, head.timestamp_ns * 1000
-            stats, decode = cols.stats, cols.decode.tolist()
-            for i, (mid, off, has_off, dur) in enumerate(zip(
-                    cols.metadata_ids.tolist(), cols.offsets.tolist(),
-                    cols.has_offset.tolist(), cols.durations.tolist(), strict=True)):
-                cat = cats.get(mid)
-                if cat is None:
-                    cat = cats[mid] = self._host_category(emd, mid, cupti, is_tf)
-                if cat[0] == skip:
-                    continue
-                if not has_off:
-                    continue  # aggregated: no place on a timeline
-                if i in stats or decode[i]:
-                    st = (_stats(XEvent.FromString(events[i]).stats, names, wanted)
-                          if decode[i] else stats[i]) or None
-                    host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
-                elif cat[0] == user:  # the common case, inline: a TraceMe range
-                    if dur > 0:
-                        annotations.append(Annotation(cat[1], (base_ps + off) / 1e6, dur / 1e6,
-                                                      USER))
-                else:
-                    host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, None)
+            line = _HostLine(self, p, head.id, head.timestamp_ns * 1000, cats, cupti, is_tf,
+                             wanted)
+            events = iter(XLineEventBytes.FromString(raw).events)
+            # in chunks: the columns of a 400k-event line would double the reader's peak
+            while chunk := list(itertools.islice(events, HOST_CHUNK_EVENTS)):
+                line.read(chunk)
 
-    @staticmethod
-    def _host_category(emd: dict, mid: int, cupti: bool,
-                       is_tf: bool) -> tuple[int, str, int | None]:
-        md = emd.get(mid)
+
+HOST_CHUNK_EVENTS = 1 << 15
+
+
+class _HostLine:
+    """The events of one host line (thread), a chunk at a time."""
+
+    def __init__(self, reader: UpbReader, p: Any, tid: int, base_ps: int, cats: dict,
+                 cupti: bool, is_tf: bool, wanted: dict[int, str]) -> None:
+        self.reader, self.p, self.tid, self.base_ps = reader, p, tid, base_ps
+        self.cats, self.cupti, self.is_tf, self.wanted = cats, cupti, is_tf, wanted
+        self.find = _stat_finder(wanted).search
+
+    def category(self, mid: int) -> tuple[int, str, int | None]:
+        md = self.p.emd.get(mid)
         name = (md[0] or md[1]) if md else f"#{mid}"
-        return wire._classify_host(name, cupti, is_tf)
+        cat = self.cats[mid] = wire._classify_host(name, self.cupti, self.is_tf)
+        return cat
 
-    def _host_line_upb(self, raw: bytes, cats: dict, find: Any, p: Any, cupti: bool,
-                       is_tf: bool, wanted: dict[int, str]) -> None:
-        """One host line with every header field read through upb (any field order)."""
-        names, emd = p.names, p.emd
+    def read(self, events: list[bytes]) -> None:
+        cols = _Headers(events, self.wanted)
+        if not cols.ok:  # a layout the column decoder does not take: upb reads each event
+            self.read_upb(events)
+            return
+        cats, names, wanted, tid, base_ps = (self.cats, self.p.names, self.wanted, self.tid,
+                                             self.base_ps)
         skip, user = wire._SKIP, wire._USER
-        host_event = self.host_event
-        annotations = self.profile.annotations
-        line = XLineSlim.FromString(raw)
-        tid, base_ps = line.id, line.timestamp_ns * 1000
-        events_bytes = (XLineEventBytes.FromString(raw).events if find(raw) is not None
-                        else itertools.repeat(b"", len(line.events)))
-        for ev, ev_bytes in zip(line.events, events_bytes, strict=True):
-            mid = ev.metadata_id
-            cat = cats.get(mid)
-            if cat is None:
-                cat = cats[mid] = self._host_category(emd, mid, cupti, is_tf)
+        host_event = self.reader.host_event
+        annotations = self.reader.profile.annotations
+        stats, decode = cols.stats, cols.decode.tolist()
+        for i, (mid, off, has_off, dur) in enumerate(zip(
+                cols.metadata_ids.tolist(), cols.offsets.tolist(),
+                cols.has_offset.tolist(), cols.durations.tolist(), strict=True)):
+            cat = cats.get(mid) or self.category(mid)
             if cat[0] == skip:
                 continue
-            off = ev.offset_ps
-            if not off and not ev.HasField("offset_ps"):
+            if not has_off:
                 continue  # aggregated: no place on a timeline
-            dur = ev.duration_ps
-            if ev_bytes and find(ev_bytes) is not None:
-                st = _stats(XEvent.FromString(ev_bytes).stats, names, wanted) or None
+            if i in stats or decode[i]:
+                st = (_stats(XEvent.FromString(events[i]).stats, names, wanted)
+                      if decode[i] else stats[i]) or None
                 host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
-            elif cat[0] == user:
+            elif cat[0] == user:  # the common case, inline: a TraceMe range
                 if dur > 0:
                     annotations.append(Annotation(cat[1], (base_ps + off) / 1e6, dur / 1e6,
                                                   USER))
             else:
                 host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, None)
+
+    def read_upb(self, events: list[bytes]) -> None:
+        """Each event decoded by upb (any field order); stats only where ``find`` sees one."""
+        names, wanted, find = self.p.names, self.wanted, self.find
+        host_event = self.reader.host_event
+        annotations = self.reader.profile.annotations
+        for ev_bytes in events:
+            ev = XEvent.FromString(ev_bytes)
+            cat = self.cats.get(ev.metadata_id) or self.category(ev.metadata_id)
+            if cat[0] == wire._SKIP:
+                continue
+            off = ev.offset_ps
+            if not off and not ev.HasField("offset_ps"):
+                continue  # aggregated: no place on a timeline
+            dur = ev.duration_ps
+            start = (self.base_ps + off) / 1e6
+            if find(ev_bytes) is not None:
+                st = _stats(ev.stats, names, wanted) or None
+                host_event(cat, start, dur if dur > 0 else 0, self.tid, st)
+            elif cat[0] == wire._USER:
+                if dur > 0:
+                    annotations.append(Annotation(cat[1], start, dur / 1e6, USER))
+            else:
+                host_event(cat, start, dur if dur > 0 else 0, self.tid, None)
 
 
 def read_file(path: str) -> Any:
