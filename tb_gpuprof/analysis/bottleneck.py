@@ -93,18 +93,16 @@ def host_timeline(profile: Profile) -> HostTimeline:
     tids = _launch_tids(profile)
     blocking = blocking_copy_correlations(profile)
     data, sync, framework = [], [], []
+    classes: dict[tuple[str, str], int] = {}  # (name, kind) -> 0 data, 1 sync, 2 framework, 3 -
     for a in profile.annotations:
         if a.on_gpu:
             continue
-        iv = (a.start_us, a.start_us + a.dur_us)
-        if a.kind == DATALOADER or a.name.startswith(LOADER_MARKERS):
-            data.append(iv)
-        elif is_host_sync(a.name):
-            sync.append(iv)
-        elif a.kind not in (STEP, OPTIMIZER):
-            # TraceMe/NVTX ranges: XLA's dispatch (PjitFunction, Execute, DevicePut) and
-            # framework ranges; the user's own record_function ranges hold ops anyway.
-            framework.append(iv)
+        key = (a.name, a.kind)
+        c = classes.get(key)
+        if c is None:
+            c = classes[key] = _annotation_class(a.name, a.kind)
+        if c < 3:
+            (data, sync, framework)[c].append((a.start_us, a.start_us + a.dur_us))
     # Ops and runtime calls are most of the trace: columns, and each distinct name judged once.
     op_sync, op_other = _split_spans(profile.cpu_ops, tids, set())
     rt_sync, rt_other = _split_spans(profile.runtime, tids, blocking)
@@ -113,6 +111,17 @@ def host_timeline(profile: Profile) -> HostTimeline:
 
 
 _Spans = tuple[np.ndarray, np.ndarray]
+
+
+def _annotation_class(name: str, kind: str) -> int:
+    """0: a data fetch, 1: a sync, 2: framework code, 3: none of these (step, optimizer)."""
+    if kind == DATALOADER or name.startswith(LOADER_MARKERS):
+        return 0
+    if is_host_sync(name):
+        return 1
+    # TraceMe/NVTX ranges: XLA's dispatch (PjitFunction, Execute, DevicePut) and framework
+    # ranges; the user's own record_function ranges hold ops anyway.
+    return 2 if kind not in (STEP, OPTIMIZER) else 3
 
 
 def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]

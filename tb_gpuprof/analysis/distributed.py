@@ -116,8 +116,8 @@ def _cpu_intervals(profile: Profile) -> tuple[Intervals, Intervals, dict[str, li
 def _has_communication(profile: Profile) -> bool:
     return (any(a.kind == KERNEL and classify_kernel(a.name, a.kind).category == "communication"
                 for a in profile.gpu)
-            or any(not a.on_gpu and a.name.startswith(COMM_RANGE_PREFIXES)
-                   for a in profile.annotations)
+            or any(name.startswith(COMM_RANGE_PREFIXES)
+                   for name in {a.name for a in profile.annotations if not a.on_gpu})
             # a trace has few distinct op names: judge each once
             or any(map(is_communication_name, set(map(attrgetter("name"), profile.cpu_ops)))))
 
