@@ -7,7 +7,10 @@ until the file reaches ``--size-mb``. The reader runs in a fresh process; what i
 model, so the figure to watch is peak RSS against the RSS that the finished Profile holds
 (the reader's own working memory) and against the file size.
 
-    python benchmarks/bench_nsys.py --size-mb 1000 --keep /tmp/big.sqlite
+The reader reads at most ``tb_gpuprof.readers.nsys.MAX_ROWS`` rows (whole iterations); with
+``--whole`` the whole export is read as well (unbounded: the model grows with the rows).
+
+    python benchmarks/bench_nsys.py --size-mb 1000 --keep /tmp/big.sqlite [--whole]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, REPO)
@@ -75,26 +79,28 @@ def _status_mb(field: str) -> float:
     return 0.0
 
 
-def run_one(path: str) -> dict[str, float]:
-    from tb_gpuprof.readers.nsys import read_nsys
+def run_one(path: str, whole: bool = False) -> dict[str, Any]:
+    from tb_gpuprof.readers.nsys import MAX_ROWS, read_nsys
 
     base = _status_mb("VmRSS:")
     t0 = time.perf_counter()
-    p = read_nsys(path)
+    p = read_nsys(path, max_rows=None if whole else MAX_ROWS)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "peak_mb": _status_mb("VmHWM:"), "base_mb": base,
             "after_mb": _status_mb("VmRSS:"), "gpu": len(p.gpu), "runtime": len(p.runtime),
-            "annotations": len(p.annotations)}
+            "annotations": len(p.annotations), "window": p.metadata.get("read_window")}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=float, default=1000.0)
     ap.add_argument("--keep", metavar="PATH", help="build here (or reuse a file already there)")
+    ap.add_argument("--whole", action="store_true",
+                    help="also read the whole export (max_rows=None), not only the window")
     ap.add_argument("--run-one", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.run_one:
-        print(json.dumps(run_one(args.run_one)))
+        print(json.dumps(run_one(args.run_one, args.whole)))
         return 0
     path = args.keep or tempfile.mktemp(suffix=".sqlite")
     try:
@@ -106,16 +112,22 @@ def main() -> int:
         size = os.path.getsize(path)
         print(f"export: {size / 1e6:.0f} MB; load average {os.getloadavg()[0]:.1f} "
               f"on {os.cpu_count()} CPUs")
-        proc = subprocess.run([sys.executable, __file__, "--run-one", path], check=True,
-                              capture_output=True, text=True, cwd=REPO)
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows = r["gpu"] + r["runtime"] + r["annotations"]
-        print(f"read_nsys: {r['seconds']:.1f} s, {rows:,} rows ({rows / r['seconds']:,.0f}/s)")
-        work = r["peak_mb"] - r["after_mb"]
-        print(f"peak RSS {r['peak_mb']:.0f} MB = interpreter {r['base_mb']:.0f} MB + model "
-              f"{r['after_mb'] - r['base_mb']:.0f} MB + reader working memory {work:.0f} MB; "
-              f"peak / file size {r['peak_mb'] * 2**20 / size:.2f}, model per row "
-              f"{(r['after_mb'] - r['base_mb']) * 2**20 / rows:.0f} bytes")
+        for whole in ([False, True] if args.whole else [False]):
+            proc = subprocess.run([sys.executable, __file__, "--run-one", path,
+                                   *(["--whole"] if whole else [])], check=True,
+                                  capture_output=True, text=True, cwd=REPO)
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows = r["gpu"] + r["runtime"] + r["annotations"]
+            what = "whole export" if whole else (
+                f"window of {r['window']['rows_in_export']:,} rows (max_rows "
+                f"{r['window']['max_rows']:,})" if r["window"] else "whole (under max_rows)")
+            print(f"read_nsys, {what}: {r['seconds']:.1f} s, {rows:,} rows "
+                  f"({rows / r['seconds']:,.0f}/s)  [load {os.getloadavg()[0]:.1f}]")
+            work = r["peak_mb"] - r["after_mb"]
+            print(f"  peak RSS {r['peak_mb']:.0f} MB = interpreter {r['base_mb']:.0f} MB + "
+                  f"model {r['after_mb'] - r['base_mb']:.0f} MB + reader working memory "
+                  f"{work:.0f} MB; peak / file size {r['peak_mb'] * 2**20 / size:.2f}, model "
+                  f"per row {(r['after_mb'] - r['base_mb']) * 2**20 / rows:.0f} bytes")
     finally:
         if not args.keep and os.path.exists(path):
             os.unlink(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tb_gpuprof.analysis.report import build_report
 from tb_gpuprof.errors import EmptyProfileError
 from tb_gpuprof.model import KERNEL, MEMCPY, MEMSET, STEP, USER
 from tb_gpuprof.readers import load_profile
@@ -135,3 +136,38 @@ def test_export_without_activity_is_empty(tmp_path):
 ])
 def test_nvtx_iteration_numbers(name, step):
     assert nvtx_kind(name)[1] == step
+
+
+def _loop_export(iterations: int) -> NsysExport:
+    ex = NsysExport()
+    t = 1_000_000
+    for i in range(iterations):
+        ex.range(t, t + 900_000, f"iteration {i}")
+        ex.memcpy(t + 10_000, 20_000, 4 << 20, 1)
+        for k in range(6):
+            ex.launch(t + 40_000 + k * 120_000, 100_000, VOLTA_SGEMM, grid=(16, 8, 1),
+                      block=(256, 1, 1), regs=128)
+        t += 1_000_000
+    return ex
+
+
+def test_a_large_export_is_read_in_a_window_of_whole_iterations(tmp_path):
+    path = _loop_export(40).write(tmp_path / "loop.sqlite")
+    whole = read_nsys(path, max_rows=None)
+    rows = len(whole.gpu) + len(whole.runtime) + len(whole.annotations)
+    assert "read_window" not in whole.metadata and len(whole.annotations) == 40
+    part = read_nsys(path, max_rows=rows // 4)
+    window = part.metadata["read_window"]
+    assert window["rows_in_export"] == rows and window["max_rows"] == rows // 4
+    end = window["end_us"]
+    # about a quarter of the iterations, each one whole: its range and all its work
+    assert 5 <= len(part.annotations) <= 11
+    assert all(a.start_us + a.dur_us <= end for a in part.annotations)
+    assert all(g.start_us < end for g in part.gpu) and all(r.start_us < end
+                                                           for r in part.runtime)
+    last = max(a.start_us + a.dur_us for a in part.annotations)
+    assert [g for g in whole.gpu if g.start_us < last] == [g for g in part.gpu
+                                                            if g.start_us < last]
+    assert len(part.gpu) == 7 * len(part.annotations)  # no iteration cut in the middle
+    rep = build_report(part)
+    assert rep["iterations"]["count"] == len(part.annotations)

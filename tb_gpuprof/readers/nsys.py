@@ -22,6 +22,7 @@ from ..model import (
     KERNEL,
     MEMCPY,
     MEMSET,
+    STEP,
     USER,
     Annotation,
     DeviceInfo,
@@ -58,8 +59,18 @@ _API_VERSION_SUFFIX = re.compile(r"_v\d+$")
 _ITERATION_NAME = re.compile(r"(?i)(?:^|[^a-z])(?:iter(?:ation)?|step|batch)[\s_#:=-]*(\d+)\s*$")
 
 
-def read_nsys(path: str | os.PathLike[str]) -> Profile:
-    """Read an Nsight Systems SQLite export into the normalized model."""
+MAX_ROWS = 2_000_000  # rows read by default: their model is about 0.45 GB
+
+
+def read_nsys(path: str | os.PathLike[str], max_rows: int | None = MAX_ROWS) -> Profile:
+    """Read an Nsight Systems SQLite export into the normalized model.
+
+    An export of more than ``max_rows`` activity rows (kernels, copies, API calls, NVTX) is
+    read up to a time where about that many rows have started, moved back to the start of
+    the last NVTX iteration range before it, so the window holds whole iterations; memory is
+    then bounded by ``max_rows``, not by the file. ``metadata["read_window"]`` says so.
+    ``max_rows=None`` reads everything.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise TraceReadError(path, "no such file" if not os.path.exists(path)
@@ -71,14 +82,14 @@ def read_nsys(path: str | os.PathLike[str]) -> Profile:
     except sqlite3.Error as e:
         raise TraceReadError(path, f"cannot open as SQLite: {e}") from None
     try:
-        return _read(conn, path)
+        return _read(conn, path, max_rows)
     except sqlite3.DatabaseError as e:
         raise TraceReadError(path, f"not a readable SQLite database: {e}") from None
     finally:
         conn.close()
 
 
-def _read(conn: sqlite3.Connection, path: str) -> Profile:
+def _read(conn: sqlite3.Connection, path: str, max_rows: int | None) -> Profile:
     tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     if not tables.intersection(ACTIVITY_TABLES):
         raise UnknownFormatError(
@@ -86,6 +97,12 @@ def _read(conn: sqlite3.Connection, path: str) -> Profile:
                   "or NVTX_EVENTS table; export with `nsys export --type sqlite`)")
     reader = _NsysReader(conn, tables)
     profile = Profile(source=path, format="nsys")
+    total = reader.row_estimate()
+    if max_rows is not None and total > max_rows:
+        reader.end_ns = reader.window_end(max_rows / total)
+        if reader.end_ns is not None:
+            profile.metadata["read_window"] = {"rows_in_export": total, "max_rows": max_rows,
+                                               "end_us": reader.end_ns / 1000.0}
     profile.gpu.extend(reader.kernels())
     profile.gpu.extend(reader.memcpys())
     profile.gpu.extend(reader.memsets())
@@ -110,6 +127,38 @@ class _NsysReader:
         self.conn = conn
         self.tables = tables
         self._strings: dict[int, str] | None = None
+        self.end_ns: int | None = None  # read only what starts before this (the window)
+
+    def row_estimate(self) -> int:
+        """Activity rows in the export, from each table's rowid range (O(log n), no scan)."""
+        total = 0
+        for table in ACTIVITY_TABLES:
+            if table in self.tables:
+                lo, hi = self.conn.execute(f'SELECT MIN(rowid), MAX(rowid) FROM "{table}"'
+                                           ).fetchone()
+                total += (hi - lo + 1) if lo is not None else 0
+        return total
+
+    def window_end(self, fraction: float) -> int | None:
+        """The time by which about ``fraction`` of the activity has started: exports are
+        written nearly in start order, so the kernel (else API call) at that fraction of the
+        table's rows tells it. Moved back to the start of the last iteration range before."""
+        table = next((t for t in (KERNEL_TABLE, RUNTIME_TABLE) if "start" in self.columns(t)),
+                     None)
+        if table is None:
+            return None
+        lo, hi = self.conn.execute(f'SELECT MIN(rowid), MAX(rowid) FROM "{table}"').fetchone()
+        if lo is None:
+            return None
+        row = self.conn.execute(f'SELECT start FROM "{table}" WHERE rowid >= ? ORDER BY rowid '
+                                "LIMIT 1", (lo + int(fraction * (hi - lo)),)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        end = int(row[0])
+        starts = [int(a.start_us * 1000) for a in self.nvtx_ranges(before_ns=end)
+                  if a.kind == STEP or a.step is not None]
+        last = max(starts, default=None)
+        return last if last is not None and last > min(starts) else end
 
     def columns(self, table: str) -> set[str]:
         if table not in self.tables:
@@ -125,6 +174,9 @@ class _NsysReader:
         """
         have = self.columns(table)
         exprs = [f'"{c}"' if c in have else "NULL" for c in wanted]
+        if self.end_ns is not None and "start" in have and table in ACTIVITY_TABLES:
+            # "+": a scan in file order; an index on start would fetch the rows one by one
+            where += (" AND" if where else " WHERE") + f' +"start" < {int(self.end_ns)}'
         sql = f'SELECT {", ".join(exprs)} FROM "{table}"{where}'
         return self.conn.execute(sql)
 
@@ -211,13 +263,17 @@ class _NsysReader:
             out.append(RuntimeCall(name, start / 1000.0, (end - start) / 1000.0, tid, corr))
         return out
 
-    def nvtx_ranges(self) -> list[Annotation]:
+    def nvtx_ranges(self, before_ns: int | None = None) -> list[Annotation]:
         if NVTX_TABLE not in self.tables:
             return []
         have = self.columns(NVTX_TABLE)
         if "end" not in have:
             return []
         where = ' WHERE "end" IS NOT NULL AND "end" >= "start"'
+        if before_ns is not None:
+            where += f' AND +"start" < {int(before_ns)}'
+        elif self.end_ns is not None:  # ranges of the window: those that end inside it
+            where += f' AND +"end" <= {int(self.end_ns)}'
         if "eventType" in have:
             where += f' AND "eventType" IN ({NVTX_PUSH_POP_RANGE}, {NVTX_START_END_RANGE})'
         rows = self.select(NVTX_TABLE, ["start", "end", "text", "textId"], where)
