@@ -43,7 +43,8 @@ _CUDA = 1  # c10::DeviceType::CUDA
 
 def memory_section(profile: Profile, windows: Sequence[IterationWindow],
                    telemetry: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``memory`` section (docs/report-schema.md#memory)."""
+    """The ``memory`` section (docs/report-schema.md#memory); ``windows``: the analyzed
+    iterations' host-side bounds (an allocation happens on the host, when the op runs)."""
     t0 = windows[0].start_us
     section: dict[str, Any] = {"recorded": False, "note": NOT_RECORDED, "t0_us": round(t0, 3),
                                "devices": [], "nvml": _nvml(telemetry),
