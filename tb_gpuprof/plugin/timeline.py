@@ -141,7 +141,9 @@ class TimelineIndex:
 
     def _name(self, event_id: int) -> str:
         n = len(self.events)
-        return self.events[event_id].name if event_id < n else self.python.name[event_id - n]
+        if event_id < n or self.python is None:
+            return self.events[event_id].name
+        return self.python.name[event_id - n]
 
     def _add_lanes(self, row: int, ids: np.ndarray, depth: np.ndarray | None,
                    times: tuple[np.ndarray, np.ndarray] | None = None,
