@@ -143,6 +143,67 @@ export interface Kernel {
   uses_tensor_cores: boolean;
 }
 
+/** The allocator over the window (analysis/memory.py). */
+export interface Memory {
+  devices: MemoryDevice[];
+  note: string | null;
+  nvml: MemoryNvml[] | null;
+  recorded: boolean;
+  scalar_tags: Record<string, string>;
+  t0_us: number;
+}
+
+export interface MemoryDevice {
+  device: string;
+  events: number;
+  held_before_window_bytes: number;
+  holders: MemoryHolder[];
+  holders_total: number;
+  iterations: MemoryIteration[];
+  max_reserved_bytes: number | null;
+  peak: MemoryPeak;
+  series: MemorySeries;
+}
+
+/** Allocations live at the peak made by one op (at one source line when stacks were recorded). */
+export interface MemoryHolder {
+  allocations: number;
+  bytes: number;
+  op: string;
+  source: string | null;
+  stack: string[] | null;
+}
+
+export interface MemoryIteration {
+  allocated_bytes: number;
+  reserved_bytes: number | null;
+  step: number | null;
+}
+
+export interface MemoryNvml {
+  gpu: number | null;
+  name: string | null;
+  process_mib_max: number | null;
+  total_mib: number | null;
+  used_mib_max: number | null;
+  used_mib_mean: number | null;
+}
+
+export interface MemoryPeak {
+  allocated_bytes: number;
+  reserved_bytes: number | null;
+  step: number | null;
+  t_ms: number;
+}
+
+/** Allocator totals after each kept event, ms from ``Memory.t0_us``. */
+export interface MemorySeries {
+  allocated_bytes: number[];
+  downsampled_from: number;
+  reserved_bytes: number[] | null;
+  t_ms: number[];
+}
+
 export interface Phases {
   backward_ms: number;
   forward_ms: number;
@@ -176,6 +237,7 @@ export interface Report {
   iterations: Iterations;
   kernels: Kernel[];
   kernels_total: number;
+  memory?: Memory;
   phases: Phases | null;
   precision_us: Record<string, number>;
   recommendations: Recommendation[];

@@ -23,6 +23,7 @@ from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+from .memory import memory_section
 from .rules import SEVERITY_ORDER
 from .savings import retime
 from .schema import check_built_report
@@ -118,6 +119,8 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
             per_window[wi].append((a, ctx))
 
     assigned = {id(a) for acts in per_window for a, _ in acts}
+    # allocator events are host-side: the memory section reads the iterations' host bounds
+    host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
     _align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
 
     kernels: dict[tuple[str, str], dict[str, Any]] = {}
@@ -352,6 +355,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows, host.blocking)
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
+    report["memory"] = memory_section(profile, host_windows, telemetry)
     report["recommendations"] = recommend(report, topology=topology)
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)

@@ -294,6 +294,68 @@ class Recommendation(_Section, kw_only=True):
     estimate_basis: str | None = None
 
 
+class MemorySeries(_Section, kw_only=True):
+    """Allocator totals after each kept event, ms from ``Memory.t0_us``."""
+    t_ms: list[Number]
+    allocated_bytes: list[int]
+    reserved_bytes: list[int] | None  # None: the allocator reports no reserve (CPU)
+    downsampled_from: int  # events in the window
+
+
+class MemoryPeak(_Section, kw_only=True):
+    allocated_bytes: int
+    reserved_bytes: int | None
+    t_ms: Number
+    step: int | None
+
+
+class MemoryHolder(_Section, kw_only=True):
+    """Allocations live at the peak made by one op (at one source line when stacks were
+    recorded)."""
+    op: str
+    source: str | None
+    stack: list[str] | None
+    bytes: int
+    allocations: int
+
+
+class MemoryIteration(_Section, kw_only=True):
+    step: int | None
+    allocated_bytes: int
+    reserved_bytes: int | None
+
+
+class MemoryDevice(_Section, kw_only=True):
+    device: str  # cuda:0 | cpu
+    events: int
+    series: MemorySeries
+    peak: MemoryPeak
+    max_reserved_bytes: int | None
+    holders: list[MemoryHolder]
+    holders_total: int
+    held_before_window_bytes: int
+    iterations: list[MemoryIteration]
+
+
+class MemoryNvml(_Section, kw_only=True):
+    gpu: int | None
+    name: str | None
+    used_mib_mean: Number | None
+    used_mib_max: Number | None
+    total_mib: Number | None
+    process_mib_max: Number | None
+
+
+class Memory(_Section, kw_only=True):
+    """The allocator over the window (analysis/memory.py)."""
+    recorded: bool
+    note: str | None  # how to get allocator events when the trace has none
+    t0_us: Number
+    devices: list[MemoryDevice]
+    nvml: list[MemoryNvml] | None
+    scalar_tags: dict[str, str]  # the hook's per-iteration peak scalars
+
+
 class Report(_Section, kw_only=True):
     """The whole report (docs/report-schema.md)."""
     schema_version: int
@@ -313,6 +375,7 @@ class Report(_Section, kw_only=True):
     telemetry: Telemetry | None
     distributed: Distributed | Later | None = UNSET
     throughput: Throughput | Later = UNSET
+    memory: Memory | Later = UNSET
     recommendations: list[Recommendation]
     warnings: list[str]
 
