@@ -274,10 +274,14 @@ def _point(k: dict[str, Any], t: _Tally, flops: float, ceiling: str | None,
             "count": k["count"], "precision": t.precision if k["precision"] == "unknown"
             else k["precision"], "ceiling": ceiling, "category": k["category"],
             "flops": round(flops, 1), "bytes": round(t.bytes, 1),
-            "intensity": round(sol["intensity"], 4),
-            "achieved_tflops": round(sol["achieved_tflops"], 4),
-            "ceiling_tflops": round(sol["ceiling_tflops"], 4) if sol["ceiling_tflops"] else None,
-            "pct_of_sol": round(sol["pct_of_sol"], 2), "bound": sol["bound"]}
+            "intensity": _sig(sol["intensity"]), "achieved_tflops": _sig(sol["achieved_tflops"]),
+            "ceiling_tflops": _sig(sol["ceiling_tflops"]) if sol["ceiling_tflops"] else None,
+            "pct_of_sol": _sig(sol["pct_of_sol"]), "bound": sol["bound"]}
+
+
+def _sig(v: float, digits: int = 5) -> float:
+    """Rounded to significant digits: a tiny kernel's TFLOP/s must not round to 0 (log axes)."""
+    return float(f"{v:.{digits}g}")
 
 
 # cuDNN's FFT and Winograd convolutions (and the complex GEMMs of the FFT path) do fewer
@@ -326,7 +330,7 @@ def roofline_section(report: dict[str, Any], profile: Profile,
         sol = speed_of_light(flops, t.bytes, k["total_us"], row.peak(ceiling) if row else None,
                              row.hbm_gbps if row else None)
         if sol is not None:
-            k["pct_of_sol"] = round(sol["pct_of_sol"], 2)
+            k["pct_of_sol"] = _sig(sol["pct_of_sol"])
         if flops > 0 and t.bytes > 0 and sol is not None:
             plotted.append(_point(k, t, flops, ceiling, sol))
             continue
