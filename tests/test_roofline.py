@@ -92,6 +92,9 @@ def test_conv_and_elementwise_bytes():
     assert isinstance(op_traffic(CpuOp("aten::cat", 0, 1, input_shapes=[[2, 2]],
                                        input_types=["float"])), str)
     assert op_traffic(CpuOp("aten::mm", 0, 1)) == "op recorded without tensor shapes"
+    odd = CpuOp("aten::convolution_backward", 0, 1, input_shapes=[[8, 4, 5, 5], [], []],
+                input_types=["float", "float", "float"])  # shapes not as the signature says
+    assert isinstance(op_traffic(odd), str)
 
 
 def test_speed_of_light_takes_the_slower_ceiling():

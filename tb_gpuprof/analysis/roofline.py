@@ -97,8 +97,8 @@ def _math_bytes(op: CpuOp, flops: float, ts: list[tuple[list[int], int]]) -> flo
     if name == "aten::convolution_backward":
         # (grad_output, input, weight, ...): reads all three, writes the input and weight
         # gradients its output mask asks for.
-        mask = str((op.concrete_inputs or [""] * 11)[10] if len(op.concrete_inputs or []) > 10
-                   else "[True, True, False]").strip("[]").split(",")
+        conc = op.concrete_inputs or []
+        mask = str(conc[10] if len(conc) > 10 else "[True, True, False]").strip("[]").split(",")
         x, w = ts[1], ts[2]
         writes = (prod(x[0]) * x[1] if "True" in mask[0] else 0) + \
                  (prod(w[0]) * w[1] if len(mask) > 1 and "True" in mask[1] else 0)
@@ -108,10 +108,9 @@ def _math_bytes(op: CpuOp, flops: float, ts: list[tuple[list[int], int]]) -> flo
         w = shapes[1]
         return read + flops / (2 * prod(w[1:])) * ts[0][1]
     if "attention" in name:
-        q = ts[1 if "backward" in name else 0]
-        if "backward" in name:  # writes dQ, dK, dV
+        if "backward" in name:  # (grad_out, Q, K, V, ...): writes dQ, dK, dV
             return read + sum(prod(s) * b for s, b in ts[1:4])
-        return read + prod(q[0]) * q[1]  # writes O (the shape of Q)
+        return read + prod(ts[0][0]) * ts[0][1]  # writes O, the shape of Q
     return None
 
 
@@ -128,7 +127,10 @@ def op_traffic(op: CpuOp) -> tuple[float, float] | str:
         return "op recorded without tensor shapes"
     flops = op_flops(op)
     if flops:
-        b = _math_bytes(op, flops, ts)
+        try:
+            b = _math_bytes(op, flops, ts)
+        except (IndexError, TypeError, ZeroDivisionError):  # shapes not as the op's signature
+            b = None
         return (b, flops) if b else f"no byte model for {op.name}"
     base = op.name.removeprefix("aten::")
     stem = base.rstrip("_")
