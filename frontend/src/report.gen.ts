@@ -133,6 +133,7 @@ export interface Kernel {
   occupancy_pct: number | null;
   ops: string[];
   pct: number;
+  pct_of_sol?: number | null;
   precision: string;
   registers: number | null;
   shared_mem: number | null;
@@ -204,6 +205,12 @@ export interface MemorySeries {
   t_ms: number[];
 }
 
+export interface OverCeiling {
+  name: string;
+  pct_of_sol: number;
+  why: string;
+}
+
 export interface Phases {
   backward_ms: number;
   forward_ms: number;
@@ -241,6 +248,7 @@ export interface Report {
   phases: Phases | null;
   precision_us: Record<string, number>;
   recommendations: Recommendation[];
+  roofline?: Roofline;
   schema_version: number;
   source: Source;
   system: System;
@@ -248,6 +256,48 @@ export interface Report {
   tensor_cores: TensorCores;
   throughput?: Throughput;
   warnings: string[];
+}
+
+/** Kernels against the GPU's ceilings (docs/roofline.md). */
+export interface Roofline {
+  ceilings: RooflineCeilings | null;
+  ceilings_source: string;
+  gpu_name: string | null;
+  kernels_plotted: number;
+  kernels_total: number;
+  left_out: RooflineLeftOut[];
+  over_ceiling: OverCeiling[];
+  points: RooflinePoint[];
+}
+
+export interface RooflineCeilings {
+  gpu: string;
+  hbm_gbps: number | null;
+  memory: string;
+  tflops: Record<string, number>;
+}
+
+export interface RooflineLeftOut {
+  kernels: number;
+  reason: string;
+  time_us: number;
+}
+
+export interface RooflinePoint {
+  achieved_tflops: number;
+  bound: "compute" | "memory";
+  bytes: number;
+  category: string;
+  ceiling: string | null;
+  ceiling_tflops: number | null;
+  count: number;
+  demangled: string;
+  flops: number;
+  intensity: number;
+  name: string;
+  pct_of_sol: number;
+  precision: string | null;
+  time_us: number;
 }
 
 export interface Source {

@@ -31,6 +31,7 @@ class LaunchContext:
     flop_op: int | None  # index into profile.cpu_ops of the enclosing op that carries FLOPs
     input_types: list[str] | None
     source: str | None  # deepest user frame, when stacks were recorded
+    launch_op: int | None = None  # index into profile.cpu_ops of inner_op (its shapes, types)
 
 
 def _user_frame(op: CpuOp) -> str | None:
@@ -111,6 +112,7 @@ def link_launches(profile: Profile, is_eligible
             phase: str | None = FORWARD
             types = None
             source = None
+            launch_op = None
             opt_range = None
             backward = False
             for _end, k, j in stack:
@@ -133,6 +135,7 @@ def link_launches(profile: Profile, is_eligible
                     if outer is None:
                         outer = name
                     inner = name
+                    launch_op = j
                     if op.input_types:
                         types = op.input_types
                 if op.stack and source is None:
@@ -145,7 +148,7 @@ def link_launches(profile: Profile, is_eligible
                 phase = OPTIMIZER_PHASE
             if not saw_op and phase == FORWARD:
                 phase = None  # no framework op around the launch (XLA, raw CUDA): unknown
-            cached = (outer, inner, is_elig, phase, flop_op, types, source, opt_range)
+            cached = (outer, inner, is_elig, phase, flop_op, types, source, launch_op, opt_range)
             out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
             if opt_range is not None:
                 in_optimizer[call.correlation] = opt_range

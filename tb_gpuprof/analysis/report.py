@@ -18,7 +18,7 @@ from .bottleneck import (
     is_sync_call,
     iteration_shares,
 )
-from .classify import KernelClass, classify_kernel, is_tc_eligible_op
+from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
 from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
@@ -208,8 +208,9 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                     k["source"] = ctx.source
                 if ctx.flop_op is not None:
                     flop_groups.setdefault(ctx.flop_op, []).append(
-                        (k, dur, cls.tc_capable or cls.uses_tensor_cores
-                         or cat in ("gemm", "conv", "attention")))
+                        (k, dur, (cls.tc_capable or cls.uses_tensor_cores
+                                  or cat in ("gemm", "conv", "attention"))
+                         and not is_math_helper(a.name)))
         sim_counts.append(len(sim_kernels))
         busy_cov = Coverage(busy_iv)
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
@@ -349,6 +350,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
         warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
                         "Tensor Core and kernel views are empty")
     from .distributed import communication_section
+    from .roofline import roofline_section
     from .rules import recommend
     from .throughput import throughput_section
 
@@ -356,6 +358,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["memory"] = memory_section(profile, host_windows, telemetry)
+    report["roofline"] = roofline_section(report, profile, per_window)
     report["recommendations"] = recommend(report, topology=topology)
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)

@@ -153,6 +153,7 @@ class Kernel(_Section, kw_only=True):
     bytes: Number | None
     tflops: Number | None
     source: str | None
+    pct_of_sol: Number | Later | None = UNSET  # roofline.py: % of speed of light
 
 
 class TensorCores(_Section, kw_only=True):
@@ -279,6 +280,54 @@ class Throughput(_Section, kw_only=True):
     mfu_pct: Number | None
 
 
+class RooflineCeilings(_Section, kw_only=True):
+    gpu: str  # the peak table's row (analysis/peaks.py)
+    hbm_gbps: Number | None
+    memory: str
+    tflops: dict[str, Number]  # precision -> dense peak TFLOP/s (int8: TOPS)
+
+
+class RooflinePoint(_Section, kw_only=True):
+    name: str
+    demangled: str
+    time_us: Number
+    count: int
+    precision: str | None  # the data's precision (colour)
+    ceiling: str | None  # the peak-table precision its compute is bounded by
+    category: str
+    flops: Number
+    bytes: Number
+    intensity: Number  # FLOP/byte
+    achieved_tflops: Number
+    ceiling_tflops: Number | None  # attainable at this intensity: min(peak, intensity * bw)
+    pct_of_sol: Number
+    bound: Literal["memory", "compute"]
+
+
+class RooflineLeftOut(_Section, kw_only=True):
+    reason: str
+    kernels: int
+    time_us: Number
+
+
+class OverCeiling(_Section, kw_only=True):
+    name: str
+    pct_of_sol: Number
+    why: str
+
+
+class Roofline(_Section, kw_only=True):
+    """Kernels against the GPU's ceilings (docs/roofline.md)."""
+    gpu_name: str | None
+    ceilings: RooflineCeilings | None
+    ceilings_source: str
+    kernels_total: int
+    kernels_plotted: int
+    points: list[RooflinePoint]
+    left_out: list[RooflineLeftOut]
+    over_ceiling: list[OverCeiling]
+
+
 class Recommendation(_Section, kw_only=True):
     id: str
     severity: Severity
@@ -376,6 +425,7 @@ class Report(_Section, kw_only=True):
     distributed: Distributed | Later | None = UNSET
     throughput: Throughput | Later = UNSET
     memory: Memory | Later = UNSET
+    roofline: Roofline | Later = UNSET
     recommendations: list[Recommendation]
     warnings: list[str]
 
