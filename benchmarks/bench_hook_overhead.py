@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -61,8 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--after", type=int, default=100,
                     help="iterations to time after the window's analysis finished")
     ap.add_argument("--out", default=None, help="a directory for the JSON figures")
+    ap.add_argument("--hooks", default=",".join(HOOKS), help="with --all: these hooks")
+    ap.add_argument("--timeout", type=float, default=300, help="with --all: per process (s)")
     args = ap.parse_args(argv)
     args.workloads = [args.workload] if args.workload else list(WORKLOADS)
+    args.hooks = [h for h in args.hooks.split(",") if h]
+    if any(h not in HOOKS for h in args.hooks):
+        ap.error(f"--hooks: choose from {', '.join(HOOKS)}")
     args.workload = args.workload or "gpt2"
     if args.smoke:
         args.block, args.groups, args.after = 3, 1, 6
@@ -145,51 +151,107 @@ def resnet50_step(smoke: bool) -> tuple[Any, Callable[[], None]]:
 
 # -- the measurement --------------------------------------------------------------------------
 
+def cpu_probe_ms() -> float:
+    """A fixed pure-Python workload (no CUDA, so CUPTI cannot touch it), timed: the host's
+    speed right now. The VM's vCPUs run a launch-bound loop 25-50% faster or slower from one
+    second to the next; dividing each block by the probe run just before it takes that out."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        acc = 0
+        for i in range(20000):
+            acc += i * i % 7
+        table = {i: i for i in range(3000)}
+        acc += sum(table.values())
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
+def _bootstrap(stat: Callable[[random.Random], float], n: int = 1000) -> list[float]:
+    rng = random.Random(0)
+    vals = sorted(stat(rng) for _ in range(n))
+    return [round(vals[int(0.05 * n)], 4), round(vals[int(0.95 * n) - 1], 4)]
+
+
 class Plan:
-    """Blocks to time, the window, and what came of them (framework-free bookkeeping)."""
+    """Blocks to time, the window, and what came of them (framework-free bookkeeping).
+
+    Every block is (ms/iteration, probe ms just before it): ratios are given raw and
+    probe-normalised (``*_norm``), each with a 90% bootstrap interval."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.pairs: list[tuple[float, float]] = []  # always-on (bare, hooked) ms/iteration
-        self.bare: list[float] = []
-        self.during: list[float] = []
-        self.after: list[float] = []
+        self.pairs: list[tuple[tuple[float, float], tuple[float, float]]] = []
+        self.bare: list[tuple[float, float]] = []
+        self.during: list[tuple[float, float]] = []
+        self.after: list[tuple[float, float]] = []
         self.after_iterations = 0
+        self.probe_now = 0.0
+
+    def start_block(self) -> None:
+        self.probe_now = cpu_probe_ms()
 
     def always_on_order(self) -> list[bool]:
         """hooked? per block, ABBA groups: bare, hooked, hooked, bare."""
         return [False, True, True, False] * self.args.groups
 
-    def record_always_on(self, times: list[tuple[bool, float]]) -> None:
-        bare = [ms for hooked, ms in times if not hooked]
-        hooked = [ms for h, ms in times if h]
+    def record_always_on(self, times: list[tuple[bool, float, float]]) -> None:
+        bare = [(ms, pr) for hooked, ms, pr in times if not hooked]
+        hooked = [(ms, pr) for h, ms, pr in times if h]
         self.bare = bare
         self.pairs = list(zip(bare, hooked, strict=True))
 
     def record_post(self, ms: float, analysis_was_running: bool) -> bool:
         """One block after the window; False once enough iterations ran after the analysis."""
         if analysis_was_running:
-            self.during.append(ms)
+            self.during.append((ms, self.probe_now))
         else:
-            self.after.append(ms)
+            self.after.append((ms, self.probe_now))
             self.after_iterations += self.args.block
         return self.after_iterations < self.args.after
 
+    def _ratios(self, norm: bool) -> dict[str, Any]:
+        probes = [pr for _, pr in self.bare] or [1.0]
+        ref = statistics.median(probes)
+
+        def val(b: tuple[float, float]) -> float:
+            return b[0] * ref / b[1] if norm and b[1] > 0 else b[0]
+
+        base = [val(b) for b in self.bare]
+        pair_r = [val(h) / val(b) for b, h in self.pairs]
+        out: dict[str, Any] = {}
+        if pair_r:
+            out["always_on_ratio"] = round(statistics.median(pair_r), 4)
+            out["always_on_ci90"] = _bootstrap(lambda r: statistics.median(
+                r.choices(pair_r, k=len(pair_r))))
+        for name, xs in (("during_analysis", self.during), ("after_window", self.after)):
+            vals = [val(b) for b in xs]
+            if not vals or not base:
+                out[f"{name}_ratio"] = None
+                continue
+            out[f"{name}_ratio"] = round(statistics.median(vals) / statistics.median(base), 4)
+            out[f"{name}_ci90"] = _bootstrap(lambda r, v=vals: statistics.median(
+                r.choices(v, k=len(v))) / statistics.median(r.choices(base, k=len(base))))
+        return out
+
     def result(self, extra: dict[str, Any]) -> dict[str, Any]:
-        base = statistics.median(self.bare) if self.bare else None
-
-        def ratio(xs: list[float]) -> float | None:
-            return round(statistics.median(xs) / base, 4) if xs and base else None
-
+        base = statistics.median(ms for ms, _ in self.bare) if self.bare else None
+        raw = self._ratios(False)
+        norm = {f"{k}_norm" if "_ci90" not in k else k.replace("_ci90", "_norm_ci90"): v
+                for k, v in self._ratios(True).items()}
+        bare_ms = [ms for ms, _ in self.bare]
+        bare_pr = [pr for _, pr in self.bare]
+        corr = None
+        if len(bare_ms) > 3 and statistics.pstdev(bare_ms) > 0 and statistics.pstdev(bare_pr) > 0:
+            corr = round(statistics.correlation(bare_ms, bare_pr), 3)
         return {**extra, "block_iterations": self.args.block,
-                "bare_ms": round(base, 3) if base else None,
-                "always_on_ratio": round(statistics.median(h / b for b, h in self.pairs), 4)
-                if self.pairs else None,
-                "during_analysis_ratio": ratio(self.during),
-                "after_window_ratio": ratio(self.after),
+                "bare_ms": round(base, 3) if base else None, **raw, **norm,
+                "probe_block_correlation": corr,
                 "blocks": {"pairs": len(self.pairs), "during": len(self.during),
                            "after": len(self.after)},
-                "after_iterations": self.after_iterations}
+                "after_iterations": self.after_iterations,
+                "raw_blocks": {"bare": self.bare, "pairs": self.pairs, "during": self.during,
+                               "after": self.after}}
 
 
 def timed(run: Callable[[], None]) -> float:
@@ -221,7 +283,8 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
     times = []
     for hooked in plan.always_on_order():
         prof = GpuProfiler(os.path.join(logdir, "always_on")).start() if hooked else None
-        times.append((hooked, timed(lambda p=prof: block(p)) / n))
+        plan.start_block()
+        times.append((hooked, timed(lambda p=prof: block(p)) / n, plan.probe_now))
         if prof is not None:
             prof.close()
     plan.record_always_on(times)
@@ -252,6 +315,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
             return False
     while True:
         busy = running()
+        plan.start_block()
         ms = timed(lambda: block(prof)) / n
         if not plan.record_post(ms, busy and running()):
             break
@@ -298,7 +362,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
         def __init__(self) -> None:
             self.i = 0
             self.t0 = 0.0
-            self.times: list[tuple[bool, float]] = []
+            self.times: list[tuple[bool, float, float]] = []
             self.phase = "always_on"
             self.busy = False
 
@@ -314,6 +378,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
         def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
             if self.i % n == 0:
                 sync()
+                plan.start_block()
                 self.t0 = time.perf_counter()
                 self.busy = window.profiler is not None and not window.profiler.wait(0)
             cb = self.target()
@@ -333,7 +398,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
             b = self.i // n - 1
             if self.phase == "always_on":
                 if b >= 3:
-                    self.times.append((order[b], ms))
+                    self.times.append((order[b], ms, plan.probe_now))
                 if b == len(order) - 1:
                     plan.record_always_on(self.times)
                     always_on._close()
@@ -408,7 +473,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             super().__init__()
             self.i = 0
             self.t0 = 0.0
-            self.times: list[tuple[bool, float]] = []
+            self.times: list[tuple[bool, float, float]] = []
             self.phase = "always_on"
             self.busy = False
             self.skip = False
@@ -427,6 +492,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             if self.i % n == 0:
                 ksync()
+                plan.start_block()
                 self.t0 = time.perf_counter()
                 self.busy = not window.wait(0)
                 # blocks holding the window itself are neither during nor after it
@@ -447,7 +513,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             b = self.i // n - 1
             if self.phase == "always_on":
                 if b >= 3:
-                    self.times.append((order[b], ms))
+                    self.times.append((order[b], ms, plan.probe_now))
                 if b == len(order) - 1:
                     plan.record_always_on(self.times)
                     self.phase = "window"
@@ -486,14 +552,20 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
 def run_all(args: argparse.Namespace) -> int:
     rows = []
     for workload in args.workloads:
-        for hook in HOOKS:
+        for hook in args.hooks:
             cmd = [sys.executable, os.path.abspath(__file__), "--hook", hook, "--workload",
                    workload, "--block", str(args.block), "--groups", str(args.groups),
                    "--after", str(args.after), "--json"]
             if args.smoke:
                 cmd.append("--smoke")
             t0 = time.perf_counter()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True,
+                                      timeout=args.timeout)
+            except subprocess.TimeoutExpired as exc:
+                proc = subprocess.CompletedProcess(cmd, "timeout", exc.stdout or "",
+                                                   str(exc.stderr or "")[-300:] or "timeout")
+                proc.stdout = proc.stdout if isinstance(proc.stdout, str) else ""
             took = time.perf_counter() - t0
             last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
             try:
@@ -501,15 +573,16 @@ def run_all(args: argparse.Namespace) -> int:
             except ValueError:
                 row = None
             if row is None:
-                err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                row = {"hook": hook, "workload": workload, "error": err[:200]}
+                err = (proc.stderr.strip().splitlines() or ["no output"])[-3:]
+                row = {"hook": hook, "workload": workload,
+                       "error": f"rc={proc.returncode}: " + " | ".join(err)[-400:]}
             row["seconds"] = round(took, 1)
             rows.append(row)
             print(format_row(row), flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_hook_overhead.json"), "w") as f:
-            json.dump(rows, f, indent=2)
+            if args.out:  # after every process: a run cut short keeps what it measured
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "bench_hook_overhead.json"), "w") as f:
+                    json.dump(rows, f)
     return 0
 
 
@@ -521,9 +594,21 @@ def format_row(r: dict[str, Any]) -> str:
     def f(x: Any) -> str:
         return "   -  " if x is None else f"{x:6.3f}"
 
-    return (f"{head} bare {r['bare_ms']:9.3f} ms  always-on {f(r['always_on_ratio'])}  "
-            f"during {f(r['during_analysis_ratio'])}  after {f(r['after_window_ratio'])}  "
-            f"(blocks {r['blocks']}, {r['seconds'] if 'seconds' in r else '?'} s)")
+    def g(name: str) -> str:
+        ci = r.get(f"{name}_ci90")
+        return f"{f(r.get(f'{name}_ratio'))} [{ci[0]:.3f},{ci[1]:.3f}]" if ci else f(
+            r.get(f"{name}_ratio"))
+
+    def gn(name: str) -> str:
+        ci = r.get(f"{name}_norm_ci90")
+        return f"{f(r.get(f'{name}_ratio_norm'))} [{ci[0]:.3f},{ci[1]:.3f}]" if ci else f(
+            r.get(f"{name}_ratio_norm"))
+
+    return (f"{head} bare {r['bare_ms']:8.3f} ms | raw: always-on {g('always_on')} during "
+            f"{g('during_analysis')} after {g('after_window')} | probe-normalised: always-on "
+            f"{gn('always_on')} during {gn('during_analysis')} after {gn('after_window')} | "
+            f"corr {r.get('probe_block_correlation')} blocks {r['blocks']}, "
+            f"{r['seconds'] if 'seconds' in r else '?'} s")
 
 
 def main() -> int:

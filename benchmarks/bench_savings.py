@@ -9,8 +9,11 @@ A's predicted iteration time next to B's measured one (each rung timed without a
 
     python3 benchmarks/bench_savings.py                      # the recordings in tests/data
     python3 benchmarks/bench_savings.py --record $OUT/lad    # on the GPU: record, then compare
+    python3 benchmarks/bench_savings.py --recorded DIR       # a recording made earlier
 
-Recording (``--record DIR``) runs gpu/diagnosis_cases.py for every rung into DIR first.
+Recording (``--record DIR``) runs gpu/ladders.py first: every rung of a ladder in one process,
+timed interleaved with its neighbours, plus a held-out ViT-B/16 ladder (``--recorded DIR``
+compares a recording made earlier).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tb_gpuprof.analysis.report import build_report  # noqa: E402
+from tb_gpuprof.errors import GpuProfError  # noqa: E402
 from tb_gpuprof.readers import load_profile  # noqa: E402
 
 LOOPS = ROOT / "tests" / "data" / "h200_loops"
@@ -41,7 +45,11 @@ STEPS = [
     ("JAX LM", "jax_lm_tf32", "amp", "jax_lm_bf16"),
     ("MLP input copy", "pageable", "pinned_memory", "pinned"),
 ]
-RECORDED_AS = {"gpt2_bf16": "gpt2_eager"}
+# Held out: a model no rule or factor was developed on (recorded with --record only)
+HELD_OUT = [
+    ("ViT-B/16 (held out)", "vit_fp32", "tf32", "vit_tf32"),
+    ("ViT-B/16 (held out)", "vit_tf32", "amp", "vit_bf16"),
+]
 TOLERANCE_PCT = 15.0
 
 
@@ -56,13 +64,13 @@ def stored(case: str) -> tuple[Path, dict[str, Any]]:
 
 
 def recorded(root: Path, case: str) -> tuple[Path, dict[str, Any]]:
-    """Trace and env of a rung just recorded by gpu/diagnosis_cases.py into ``root``."""
-    name = RECORDED_AS.get(case, case)
-    meta = json.loads((root / f"{name}.meta.json").read_text())
-    traces = sorted(root.glob(f"{name}/plugins/gpuprof/traces/*/*")) or \
-        sorted(root.glob(f"{name}_trace/plugins/profile/*/*.xplane.pb"))
+    """Trace and env of a rung just recorded by gpu/ladders.py into ``root``."""
+    meta = json.loads((root / f"{case}.meta.json").read_text())
+    traces = sorted(root.glob(f"{case}/plugins/gpuprof/traces/*/*")) or \
+        sorted(root.glob(f"{case}_trace/plugins/profile/*/*.xplane.pb"))
     env = {"unprofiled": {"median_ms": meta["unprofiled_mean_ms"],
-                          "source": "timed_without_hook"}}
+                          "source": meta.get("unprofiled_source", "timed_without_hook")},
+           "hook_system": meta.get("hook_system") or {}}
     return traces[0], env
 
 
@@ -72,13 +80,21 @@ def analyze(trace: Path, env: dict[str, Any]) -> dict[str, Any]:
     return build_report(load_profile(str(trace)), env=hook_env)
 
 
-def compare(get: Any) -> list[dict[str, Any]]:
+def compare(get: Any, steps: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
     rows = []
-    for ladder, a, fix, b in STEPS:
-        trace, env = get(a)
-        report = analyze(trace, env)
+    for ladder, a, fix, b in steps:
+        try:
+            trace, env = get(a)
+            measured_b = get(b)[1]["unprofiled"]["median_ms"]
+        except (FileNotFoundError, IndexError):
+            print(f"{ladder}: {a} -> {b} not recorded", file=sys.stderr)
+            continue
+        try:
+            report = analyze(trace, env)
+        except GpuProfError as exc:  # e.g. a CPU smoke recording: no GPU activity
+            print(f"{ladder}: {a}: {exc}", file=sys.stderr)
+            continue
         measured_a = env["unprofiled"]["median_ms"]
-        measured_b = get(b)[1]["unprofiled"]["median_ms"]
         rec = next((r for r in report["recommendations"] if r["id"] == fix), None)
         predicted = rec.get("predicted_iteration_ms") if rec else None
         err = 100.0 * (predicted - measured_b) / measured_b if predicted else None
@@ -94,29 +110,35 @@ def compare(get: Any) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", metavar="DIR", help="record every rung on this GPU first")
+    ap.add_argument("--recorded", metavar="DIR", help="compare a recording made earlier")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args()
-    if args.record:
-        cases = sorted({RECORDED_AS.get(c, c) for _, a, _, b in STEPS for c in (a, b)})
-        subprocess.run([sys.executable, str(ROOT / "gpu" / "diagnosis_cases.py"), "--out",
-                        args.record, "--cases", ",".join(cases)], check=False)
-        root = Path(args.record)
-        rows = compare(lambda c: recorded(root, c))
+    if args.record or args.recorded:
+        root = Path(args.record or args.recorded)
+        if args.record:
+            subprocess.run([sys.executable, str(ROOT / "gpu" / "ladders.py"), "--out",
+                            str(root)], check=False)
+        rows = compare(lambda c: recorded(root, c), STEPS + HELD_OUT)
     else:
-        rows = compare(stored)
+        rows = compare(stored, STEPS)
     print(f"{'ladder':15} {'step':34} {'measured':>17} {'predicted':>9} {'error':>7}  range "
           "of saving")
-    within = 0
+    within = held_within = held = 0
     for r in rows:
         step = f"{r['from']} +{r['fix']}"
         pred = f"{r['predicted_to_ms']:.1f}" if r["predicted_to_ms"] else "no rec"
         err = f"{r['error_pct']:+.1f}%" if r["error_pct"] is not None else "-"
         ok = r["error_pct"] is not None and abs(r["error_pct"]) <= TOLERANCE_PCT
-        within += ok
+        if "held out" in r["ladder"]:
+            held += 1
+            held_within += ok
+        else:
+            within += ok
         print(f"{r['ladder']:15} {step:34} {r['measured_from_ms']:7.1f} -> "
               f"{r['measured_to_ms']:6.1f} {pred:>9} {err:>7}  {r['range_pct']} "
               f"{'' if ok else '  <-- outside +-15%'}")
-    print(f"{within} of {len(rows)} steps within +-{TOLERANCE_PCT:.0f}%")
+    print(f"{within} of {len(rows) - held} steps within +-{TOLERANCE_PCT:.0f}%"
+          + (f"; held out: {held_within} of {held}" if held else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

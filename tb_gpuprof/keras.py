@@ -66,6 +66,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         nvml_interval_s: NVML sampling period (``None``: the sampler's default, 0.5 s).
         with_stack: record Python frames in the window (TF/JAX python tracer, torch stacks).
         record_shapes, with_flops: torch backend only, as ``torch.profiler``'s options.
+        record_memory: torch backend only: the allocator's events in the window
+            (``torch.profiler``'s ``profile_memory``; the report's ``memory`` section).
         key: name of a range marking one iteration in the window's trace (DLProf's
             ``--key_node``); default: the callback's own step markers.
         memory: record device memory peaks per execution on a GPU (TF and torch reset the
@@ -81,8 +83,12 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
                  iter_stop: int | None = None, *, nvml: bool | None = None,
                  nvml_interval_s: float | None = None, with_stack: bool = False,
                  record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
-                 memory: bool = True, scalars: bool = True, flush_secs: float = 1.0) -> None:
+                 memory: bool = True, scalars: bool = True, flush_secs: float = 1.0,
+                 record_memory: bool = True) -> None:
         super().__init__()
+        if not isinstance(record_memory, bool):
+            raise TypeError(f"record_memory must be True or False, got {record_memory!r}")
+        self.record_memory = record_memory
         # iteration: global step of the next execution
         self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
                         with_stack=with_stack, record_shapes=record_shapes,
@@ -529,7 +535,8 @@ class _TorchWindow(_Window):
                 warnings.warn(f"tb_gpuprof: no CUPTI teardown after the window: {warning}",
                               GpuProfWarning, stacklevel=2)
         self.prof = profile(activities=activities, record_shapes=self.cb.record_shapes,
-                            with_flops=self.cb.with_flops, with_stack=self.cb.with_stack)
+                            with_flops=self.cb.with_flops, with_stack=self.cb.with_stack,
+                            profile_memory=self.cb.record_memory)
 
     def _phase(self, fn: Any) -> None:
         from . import _torch_env

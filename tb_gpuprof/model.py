@@ -10,6 +10,7 @@ an event), which is what leaving them out of the cycle collector needs.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,40 @@ class DeviceInfo:
 
 
 @dataclass(slots=True)
+class MemoryEvents:
+    """The allocator's events (``torch.profiler(profile_memory=True)``'s ``[memory]``), one
+    entry per allocation (``nbytes`` > 0) or free (< 0), as parallel arrays in time order:
+    a window can hold millions, so no object per event. ``allocated``/``reserved`` are the
+    allocator's totals for that device right after the event."""
+
+    ts: array = field(default_factory=lambda: array("d"))  # µs
+    nbytes: array = field(default_factory=lambda: array("q"))
+    allocated: array = field(default_factory=lambda: array("q"))
+    reserved: array = field(default_factory=lambda: array("q"))
+    addr: array = field(default_factory=lambda: array("q"))
+    device_type: array = field(default_factory=lambda: array("b"))  # 0 CPU, 1 CUDA (c10)
+    device_id: array = field(default_factory=lambda: array("b"))  # -1 for the CPU
+    tid: array = field(default_factory=lambda: array("q"))
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass(slots=True)
+class PythonCalls:
+    """Python function calls (``torch.profiler(with_stack=True)``'s ``python_function``
+    events), as parallel arrays: a window holds about as many as CPU ops."""
+
+    start: array = field(default_factory=lambda: array("d"))  # µs
+    dur: array = field(default_factory=lambda: array("d"))
+    tid: array = field(default_factory=lambda: array("q"))
+    name: list[str] = field(default_factory=list)  # interned: repeated names share one string
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+@dataclass(slots=True)
 class Profile:
     """Everything a reader could get out of one trace file."""
 
@@ -111,6 +146,8 @@ class Profile:
     # Free-form facts the format records: framework/CUDA versions, distributed info
     # ({"rank": 0, "world_size": 2, "backend": "nccl"}), trace flags (record_shapes, with_flops).
     metadata: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryEvents | None = None  # allocator events, when the profiler recorded them
+    python: PythonCalls | None = None  # Python calls, when the profiler recorded stacks
 
     @property
     def kernels(self) -> list[GpuActivity]:

@@ -78,7 +78,11 @@ class GpuProfiler(HookCore):
         iter_stop: iteration the window stops before (exclusive); default ``iter_start + 1``.
         nvml: sample GPU telemetry through NVML (``None``: on when a CUDA GPU is present).
         nvml_interval_s: NVML sampling period (``None``: the sampler's default, 0.5 s).
-        with_stack: record Python stacks in the window (kernel -> source line; costs more).
+        with_stack: record Python stacks in the window (kernel -> source line, the
+            Timeline's Python rows; costs more).
+        record_memory: record the allocator's allocations and frees in the window
+            (``torch.profiler``'s ``profile_memory``), for the report's ``memory`` section and
+            the dashboard's Memory view.
         record_shapes: record operator input shapes in the window.
         with_flops: estimate FLOPs of matmul/conv operators in the window.
         key: name of a range (``record_function``/NVTX) that marks one iteration in the
@@ -103,8 +107,9 @@ class GpuProfiler(HookCore):
     def __init__(self, logdir: str | os.PathLike[str], iter_start: int | None = None,
                  iter_stop: int | None = None, *, nvml: bool | None = None,
                  nvml_interval_s: float | None = None, with_stack: bool = False,
-                 record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
-                 model: Any = None, model_hooks: bool = True, nvtx: bool = True,
+                 record_shapes: bool = True, with_flops: bool = True,
+                 record_memory: bool = True, key: str | None = None, model: Any = None,
+                 model_hooks: bool = True, nvtx: bool = True,
                  cuda_profiler_api: bool = True, memory: bool = True, scalars: bool = True,
                  flush_secs: float = 1.0, peak_tflops: float | None = None,
                  extra_flags: dict[str, Any] | None = None) -> None:
@@ -115,6 +120,9 @@ class GpuProfiler(HookCore):
                         with_flops=with_flops, flush_secs=flush_secs)
         if peak_tflops is not None and not peak_tflops > 0:
             raise ValueError(f"peak_tflops must be positive, got {peak_tflops}")
+        if not isinstance(record_memory, bool):
+            raise TypeError(f"record_memory must be True or False, got {record_memory!r}")
+        self.record_memory = record_memory
         self.peak_tflops = peak_tflops
         self.extra_flags = dict(extra_flags or {})
         self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
@@ -419,7 +427,7 @@ class GpuProfiler(HookCore):
 
         prof = profile(activities=activities, record_shapes=self.record_shapes,
                        with_flops=self.with_flops, with_stack=self.with_stack,
-                       schedule=schedule)
+                       profile_memory=self.record_memory, schedule=schedule)
         prof.step_num = step
         prof.current_action = schedule(step)
         if hasattr(prof, "_prev_schedule_action"):  # torch >= 2.12 keeps the schedule's view

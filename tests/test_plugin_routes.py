@@ -261,3 +261,33 @@ def test_timeline_route_merges_to_the_width_and_details_an_event(client):
         assert status == 400 and needle in body["error"], (params, body)
     status, body = get_json(client, "/timeline", run=WINDOW_RUN, width=10)
     assert status == 404 and "raw trace" in body["error"]
+
+
+def test_timeline_route_gives_python_rows_for_a_with_stack_trace(client, kineto_trace):
+    """The fixture was recorded with with_stack=True: each thread's python_function events
+    (those overlapping the window of host and GPU events) come back as a Python row."""
+    import gzip
+
+    with gzip.open(kineto_trace, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    host_gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in (
+        "cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset")]
+    t0 = min(e["ts"] for e in host_gpu)
+    t1 = max(e["ts"] + e["dur"] for e in host_gpu)
+    per_thread: dict[int, int] = {}
+    for e in events:
+        if e.get("cat") == "python_function" and e["ts"] <= t1 and e["ts"] + e["dur"] >= t0:
+            per_thread[e["tid"]] = per_thread.get(e["tid"], 0) + 1
+    assert per_thread
+    status, body = get_json(client, "/timeline", run="kineto", width=500)
+    assert status == 200, body
+    python = {int(r["label"].split()[-1]): r for r in body["rows"] if r["kind"] == "python"}
+    assert {t: r["events"] for t, r in python.items()} == per_thread
+    cat = body["categories"].index("python")
+    bars = body["bars"]
+    drawn = sum(n for n, c in zip(bars["count"], bars["cat"], strict=True) if c == cat)
+    assert drawn == sum(per_thread.values())
+    single = next(i for i, c in zip(bars["id"], bars["cat"], strict=True) if c == cat and i >= 0)
+    status, detail = get_json(client, "/timeline", run="kineto", event=single)
+    assert status == 200 and detail["event"]["category"] == "python"
+    assert detail["event"]["tid"] in per_thread

@@ -89,7 +89,8 @@ def test_unprofiled_iteration_time_is_preferred():
     ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"),
     ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 PCIe", "H100 PCIe"),
     ("NVIDIA H100 NVL", "H100 NVL"), ("NVIDIA GH200 480GB", "GH200"),
-    ("NVIDIA A100-SXM4-80GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"), ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe"),
+    ("NVIDIA A100-PCIE-40GB", "A100 40GB"),
     ("NVIDIA L4", "L4"), ("NVIDIA L40S", "L40S"), ("NVIDIA A10", "A10"),
     ("Tesla V100-SXM2-16GB", "V100"), ("Tesla T4", "T4"),
 ])

@@ -25,7 +25,7 @@ import urllib.request
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIEWS = ("dashboard", "kernels", "iterations", "gpu", "compare")
+VIEWS = ("dashboard", "kernels", "roofline", "iterations", "gpu", "compare")
 URL_RE = re.compile(r"TensorBoard \S+ at (http://[^/\s]+)/")
 
 

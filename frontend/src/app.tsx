@@ -9,11 +9,13 @@ import { DistributedView } from "./views/DistributedView";
 import { GpuView } from "./views/GpuView";
 import { IterationsView } from "./views/IterationsView";
 import { KernelsView } from "./views/KernelsView";
+import { MemoryView } from "./views/MemoryView";
+import { RooflineView } from "./views/RooflineView";
 import { TimelineView } from "./views/TimelineView";
 
-const TABS = ["dashboard", "kernels", "iterations", "timeline", "gpu", "distributed", "compare"] as const;
+const TABS = ["dashboard", "kernels", "roofline", "iterations", "timeline", "memory", "gpu", "distributed", "compare"] as const;
 type Tab = (typeof TABS)[number];
-const TAB_LABELS: Record<Tab, string> = { dashboard: "Dashboard", kernels: "Kernels", iterations: "Iterations", timeline: "Timeline", gpu: "GPU", distributed: "Distributed", compare: "Compare" };
+const TAB_LABELS: Record<Tab, string> = { dashboard: "Dashboard", kernels: "Kernels", roofline: "Roofline", iterations: "Iterations", timeline: "Timeline", memory: "Memory", gpu: "GPU", distributed: "Distributed", compare: "Compare" };
 
 /** Dark when the OS asks for it or TensorBoard's own dark mode (body.dark-mode of the parent page) is on. */
 function useDarkMode(): boolean {
@@ -106,7 +108,9 @@ function RunPanel({ run, step, tab, dark, open, kernelQuery, openKernels }: Pane
   if (!report.data) return <Loading what="Loading report" />;
   const r = report.data;
   if (tab === "kernels") return <KernelsView key={`${run.run}@${step}@${kernelQuery}`} run={run.run} step={step} report={r} initialQuery={kernelQuery} />;
+  if (tab === "roofline") return <RooflineView report={r} openKernels={openKernels} />;
   if (tab === "iterations") return <IterationsView report={r} dark={dark} />;
+  if (tab === "memory") return <MemoryView run={run} report={r} dark={dark} />;
   if (tab === "timeline") return <TimelineView run={run.run} step={step} report={r} hasTrace={run.has_trace} dark={dark} />;
   return <DashboardView run={run} step={step} report={r} dark={dark} openKernels={openKernels} />;
 }

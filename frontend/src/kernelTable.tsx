@@ -50,6 +50,11 @@ export const ALL_COLUMNS: Column[] = [
   { key: "flops", label: "FLOPs", numeric: true, cell: (k) => fmtSi(k.flops, "FLOP") },
   { key: "bytes", label: "Bytes", numeric: true, cell: (k) => fmtBytes(k.bytes) },
   { key: "tflops", label: "TFLOP/s", numeric: true, cell: (k) => fmtNum(k.tflops, 1) },
+  {
+    key: "pct_of_sol", label: "% of speed of light", numeric: true,
+    title: "time at the GPU's ceilings (FLOPs / peak or bytes / bandwidth, the slower) over the kernel's time; a lower bound (docs/roofline.md)",
+    cell: (k) => fmtPct(k.pct_of_sol),
+  },
 ];
 
 interface TableProps {

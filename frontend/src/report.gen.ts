@@ -133,6 +133,7 @@ export interface Kernel {
   occupancy_pct: number | null;
   ops: string[];
   pct: number;
+  pct_of_sol?: number | null;
   precision: string;
   registers: number | null;
   shared_mem: number | null;
@@ -141,6 +142,73 @@ export interface Kernel {
   tflops: number | null;
   total_us: number;
   uses_tensor_cores: boolean;
+}
+
+/** The allocator over the window (analysis/memory.py). */
+export interface Memory {
+  devices: MemoryDevice[];
+  note: string | null;
+  nvml: MemoryNvml[] | null;
+  recorded: boolean;
+  scalar_tags: Record<string, string>;
+  t0_us: number;
+}
+
+export interface MemoryDevice {
+  device: string;
+  events: number;
+  held_before_window_bytes: number;
+  holders: MemoryHolder[];
+  holders_total: number;
+  iterations: MemoryIteration[];
+  max_reserved_bytes: number | null;
+  peak: MemoryPeak;
+  series: MemorySeries;
+}
+
+/** Allocations live at the peak made by one op (at one source line when stacks were recorded). */
+export interface MemoryHolder {
+  allocations: number;
+  bytes: number;
+  op: string;
+  source: string | null;
+  stack: string[] | null;
+}
+
+export interface MemoryIteration {
+  allocated_bytes: number;
+  reserved_bytes: number | null;
+  step: number | null;
+}
+
+export interface MemoryNvml {
+  gpu: number | null;
+  name: string | null;
+  process_mib_max: number | null;
+  total_mib: number | null;
+  used_mib_max: number | null;
+  used_mib_mean: number | null;
+}
+
+export interface MemoryPeak {
+  allocated_bytes: number;
+  reserved_bytes: number | null;
+  step: number | null;
+  t_ms: number;
+}
+
+/** Allocator totals after each kept event, ms from ``Memory.t0_us``. */
+export interface MemorySeries {
+  allocated_bytes: number[];
+  downsampled_from: number;
+  reserved_bytes: number[] | null;
+  t_ms: number[];
+}
+
+export interface OverCeiling {
+  name: string;
+  pct_of_sol: number;
+  why: string;
 }
 
 export interface Phases {
@@ -176,9 +244,11 @@ export interface Report {
   iterations: Iterations;
   kernels: Kernel[];
   kernels_total: number;
+  memory?: Memory;
   phases: Phases | null;
   precision_us: Record<string, number>;
   recommendations: Recommendation[];
+  roofline?: Roofline;
   schema_version: number;
   source: Source;
   system: System;
@@ -186,6 +256,48 @@ export interface Report {
   tensor_cores: TensorCores;
   throughput?: Throughput;
   warnings: string[];
+}
+
+/** Kernels against the GPU's ceilings (docs/roofline.md). */
+export interface Roofline {
+  ceilings: RooflineCeilings | null;
+  ceilings_source: string;
+  gpu_name: string | null;
+  kernels_plotted: number;
+  kernels_total: number;
+  left_out: RooflineLeftOut[];
+  over_ceiling: OverCeiling[];
+  points: RooflinePoint[];
+}
+
+export interface RooflineCeilings {
+  gpu: string;
+  hbm_gbps: number | null;
+  memory: string;
+  tflops: Record<string, number>;
+}
+
+export interface RooflineLeftOut {
+  kernels: number;
+  reason: string;
+  time_us: number;
+}
+
+export interface RooflinePoint {
+  achieved_tflops: number;
+  bound: "compute" | "memory";
+  bytes: number;
+  category: string;
+  ceiling: string | null;
+  ceiling_tflops: number | null;
+  count: number;
+  demangled: string;
+  flops: number;
+  intensity: number;
+  name: string;
+  pct_of_sol: number;
+  precision: string | null;
+  time_us: number;
 }
 
 export interface Source {

@@ -18,7 +18,8 @@ from functools import lru_cache
 
 from .demangle import demangle
 
-__all__ = ["CATEGORIES", "PRECISIONS", "KernelClass", "classify_kernel", "is_tc_eligible_op"]
+__all__ = ["CATEGORIES", "PRECISIONS", "KernelClass", "classify_kernel", "is_math_helper",
+           "is_tc_eligible_op"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8", "int4", "fp64", "unknown")
 CATEGORIES = ("gemm", "conv", "attention", "norm", "elementwise", "reduction", "layout",
@@ -381,6 +382,14 @@ def _tc_eligible_cached(low: str) -> bool:
     if _NOT_TC_OP.search(low):
         return False
     return bool(_TC_OP_TOKEN.search(low) or _TC_OP_SUBSTR.search(low))
+
+
+@lru_cache(maxsize=16384)
+def is_math_helper(name: str) -> bool:
+    """A GEMM/attention library's setup or epilogue kernel (workspace init, split-K reduce,
+    dQ conversion): filed under its op's category, but it does none of the op's FLOPs."""
+    low = name.lower()
+    return bool(_GEMM_HELPER.search(low) or _ATTN_HELPER.search(low))
 
 
 def is_tc_eligible_op(op_name: str) -> bool:

@@ -36,6 +36,7 @@ class LaunchContext:
     flop_op: int | None  # index into profile.cpu_ops of the enclosing op that carries FLOPs
     input_types: list[str] | None
     source: str | None  # deepest user frame, when stacks were recorded
+    launch_op: int | None = None  # index into profile.cpu_ops of inner_op (its shapes, types)
 
 
 def _user_frame(op: CpuOp) -> str | None:
@@ -68,8 +69,8 @@ def link_launches(profile: Profile, is_eligible
                 continue
             call = profile.runtime[idx]
             assert call.correlation is not None  # only correlated calls were queued
-            outer, inner, is_elig, flop_op, types, source, opt_range, backward, saw_op = (
-                fold.summary(stack) if stack else _EMPTY)
+            (outer, inner, is_elig, flop_op, types, source, launch_op, opt_range, backward,
+             saw_op) = fold.summary(stack) if stack else _EMPTY
             # Backward wins over an enclosing optimizer step: closure optimizers (Lightning's
             # automatic optimisation, LBFGS) run forward and backward inside step(closure).
             if backward:
@@ -79,7 +80,7 @@ def link_launches(profile: Profile, is_eligible
             else:  # no framework op around the launch (XLA, raw CUDA): unknown
                 phase = FORWARD if saw_op else None
             out[call.correlation] = LaunchContext(call.start_us, outer, inner, is_elig, phase,
-                                                  flop_op, types, source)
+                                                  flop_op, types, source, launch_op)
             if opt_range is not None:
                 in_optimizer[call.correlation] = opt_range
     _split_closures(out, in_optimizer)
@@ -87,8 +88,9 @@ def link_launches(profile: Profile, is_eligible
 
 
 _OP, _ANNOTATION, _LAUNCH = 0, 1, 2
-# (outer, inner, eligible, flop_op, input_types, source, optimizer range, backward, saw an op)
-_EMPTY: tuple = (None, None, False, None, None, None, None, False, False)
+# (outer, inner, eligible, flop_op, input_types, source, launch_op, optimizer range, backward,
+#  saw an op)
+_EMPTY: tuple = (None, None, False, None, None, None, None, None, False, False)
 _START, _DUR, _TID = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("tid")
 
 
@@ -168,10 +170,10 @@ class _StackFold:
     def _push(self, acc: tuple, kind: int, j: int) -> tuple:
         if kind == _ANNOTATION:
             a = self.host_ann[j]
-            if acc[6] is None and (a.kind == OPTIMIZER or a.name.startswith("Optimizer.")):
-                return (*acc[:6], j, *acc[7:])
+            if acc[7] is None and (a.kind == OPTIMIZER or a.name.startswith("Optimizer.")):
+                return (*acc[:7], j, *acc[8:])
             return acc
-        outer, inner, elig, flop_op, types, source, opt_range, backward, _saw = acc
+        outer, inner, elig, flop_op, types, source, launch_op, opt_range, backward, _saw = acc
         op = self.ops[j]
         name = op.name
         is_backward, is_elig, shown = self.names.get(name) or self._name(name)
@@ -182,11 +184,12 @@ class _StackFold:
             if outer is None:
                 outer = name
             inner = name
+            launch_op = j
             if op.input_types:
                 types = op.input_types
         if source is None and op.stack:
             source = _user_frame(op)
-        return (outer, inner, elig or is_elig, flop_op, types, source, opt_range,
+        return (outer, inner, elig or is_elig, flop_op, types, source, launch_op, opt_range,
                 backward or is_backward, True)
 
 

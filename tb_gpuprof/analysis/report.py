@@ -18,11 +18,12 @@ from .bottleneck import (
     is_sync_call,
     iteration_shares,
 )
-from .classify import KernelClass, classify_kernel, is_tc_eligible_op
+from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
 from .demangle import demangle
 from .intervals import Coverage
 from .iterations import IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+from .memory import memory_section
 from .rules import SEVERITY_ORDER
 from .savings import retime
 from .schema import check_built_report
@@ -118,6 +119,8 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
             per_window[wi].append((a, ctx))
 
     assigned = {id(a) for acts in per_window for a, _ in acts}
+    # allocator events are host-side: the memory section reads the iterations' host bounds
+    host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
     _align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
 
     kernels: dict[tuple[str, str], dict[str, Any]] = {}
@@ -205,8 +208,9 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                     k["source"] = ctx.source
                 if ctx.flop_op is not None:
                     flop_groups.setdefault(ctx.flop_op, []).append(
-                        (k, dur, cls.tc_capable or cls.uses_tensor_cores
-                         or cat in ("gemm", "conv", "attention")))
+                        (k, dur, (cls.tc_capable or cls.uses_tensor_cores
+                                  or cat in ("gemm", "conv", "attention"))
+                         and not is_math_helper(a.name)))
         sim_counts.append(len(sim_kernels))
         busy_cov = Coverage(busy_iv)
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
@@ -346,12 +350,15 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
         warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
                         "Tensor Core and kernel views are empty")
     from .distributed import communication_section
+    from .roofline import roofline_section
     from .rules import recommend
     from .throughput import throughput_section
 
     report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows, host.blocking)
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
+    report["memory"] = memory_section(profile, host_windows, telemetry)
+    report["roofline"] = roofline_section(report, profile, per_window)
     report["recommendations"] = recommend(report, topology=topology)
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)

@@ -153,6 +153,7 @@ class Kernel(_Section, kw_only=True):
     bytes: Number | None
     tflops: Number | None
     source: str | None
+    pct_of_sol: Number | Later | None = UNSET  # roofline.py: % of speed of light
 
 
 class TensorCores(_Section, kw_only=True):
@@ -279,6 +280,54 @@ class Throughput(_Section, kw_only=True):
     mfu_pct: Number | None
 
 
+class RooflineCeilings(_Section, kw_only=True):
+    gpu: str  # the peak table's row (analysis/peaks.py)
+    hbm_gbps: Number | None
+    memory: str
+    tflops: dict[str, Number]  # precision -> dense peak TFLOP/s (int8: TOPS)
+
+
+class RooflinePoint(_Section, kw_only=True):
+    name: str
+    demangled: str
+    time_us: Number
+    count: int
+    precision: str | None  # the data's precision (colour)
+    ceiling: str | None  # the peak-table precision its compute is bounded by
+    category: str
+    flops: Number
+    bytes: Number
+    intensity: Number  # FLOP/byte
+    achieved_tflops: Number
+    ceiling_tflops: Number | None  # attainable at this intensity: min(peak, intensity * bw)
+    pct_of_sol: Number
+    bound: Literal["memory", "compute"]
+
+
+class RooflineLeftOut(_Section, kw_only=True):
+    reason: str
+    kernels: int
+    time_us: Number
+
+
+class OverCeiling(_Section, kw_only=True):
+    name: str
+    pct_of_sol: Number
+    why: str
+
+
+class Roofline(_Section, kw_only=True):
+    """Kernels against the GPU's ceilings (docs/roofline.md)."""
+    gpu_name: str | None
+    ceilings: RooflineCeilings | None
+    ceilings_source: str
+    kernels_total: int
+    kernels_plotted: int
+    points: list[RooflinePoint]
+    left_out: list[RooflineLeftOut]
+    over_ceiling: list[OverCeiling]
+
+
 class Recommendation(_Section, kw_only=True):
     id: str
     severity: Severity
@@ -292,6 +341,68 @@ class Recommendation(_Section, kw_only=True):
     estimated_range_pct: list[Number] | None = None
     predicted_iteration_ms: Number | None = None
     estimate_basis: str | None = None
+
+
+class MemorySeries(_Section, kw_only=True):
+    """Allocator totals after each kept event, ms from ``Memory.t0_us``."""
+    t_ms: list[Number]
+    allocated_bytes: list[int]
+    reserved_bytes: list[int] | None  # None: the allocator reports no reserve (CPU)
+    downsampled_from: int  # events in the window
+
+
+class MemoryPeak(_Section, kw_only=True):
+    allocated_bytes: int
+    reserved_bytes: int | None
+    t_ms: Number
+    step: int | None
+
+
+class MemoryHolder(_Section, kw_only=True):
+    """Allocations live at the peak made by one op (at one source line when stacks were
+    recorded)."""
+    op: str
+    source: str | None
+    stack: list[str] | None
+    bytes: int
+    allocations: int
+
+
+class MemoryIteration(_Section, kw_only=True):
+    step: int | None
+    allocated_bytes: int
+    reserved_bytes: int | None
+
+
+class MemoryDevice(_Section, kw_only=True):
+    device: str  # cuda:0 | cpu
+    events: int
+    series: MemorySeries
+    peak: MemoryPeak
+    max_reserved_bytes: int | None
+    holders: list[MemoryHolder]
+    holders_total: int
+    held_before_window_bytes: int
+    iterations: list[MemoryIteration]
+
+
+class MemoryNvml(_Section, kw_only=True):
+    gpu: int | None
+    name: str | None
+    used_mib_mean: Number | None
+    used_mib_max: Number | None
+    total_mib: Number | None
+    process_mib_max: Number | None
+
+
+class Memory(_Section, kw_only=True):
+    """The allocator over the window (analysis/memory.py)."""
+    recorded: bool
+    note: str | None  # how to get allocator events when the trace has none
+    t0_us: Number
+    devices: list[MemoryDevice]
+    nvml: list[MemoryNvml] | None
+    scalar_tags: dict[str, str]  # the hook's per-iteration peak scalars
 
 
 class Report(_Section, kw_only=True):
@@ -313,6 +424,8 @@ class Report(_Section, kw_only=True):
     telemetry: Telemetry | None
     distributed: Distributed | Later | None = UNSET
     throughput: Throughput | Later = UNSET
+    memory: Memory | Later = UNSET
+    roofline: Roofline | Later = UNSET
     recommendations: list[Recommendation]
     warnings: list[str]
 

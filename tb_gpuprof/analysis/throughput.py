@@ -4,59 +4,27 @@ FLOPs are what the report's kernels carry (counted from op shapes in flops.py: m
 attention), per iteration of the window. Achieved TFLOP/s divide them by the iteration time
 measured outside the profiler when the report knows it (``iterations.unprofiled_median_ms``),
 else by the window's median. MFU is that over the GPU's dense peak for the precision the run
-computes in, from :data:`PEAK_TFLOPS` (NVIDIA datasheets, cited in docs/metrics.md) unless the
+computes in, from the table in peaks.py (NVIDIA datasheets, cited in docs/roofline.md) unless the
 caller passes its own peak. Pure functions of the report; imports no framework.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-# Dense (no 2:4 sparsity) peak TFLOP/s per GPU and math precision, from NVIDIA's datasheets
-# (docs/metrics.md lists the source of each row). "fp32" is the CUDA-core (SIMT) rate; the
-# others are Tensor Core rates. The first pattern matching ``system.gpu_name`` wins, so more
-# specific names come first ("H100 NVL" before "H100", "L40S" before "L4").
-PEAK_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = (
-    ("H200 NVL", r"\bH200 NVL\b", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5,
-                                   "fp8": 1670.5}),
-    ("H200 SXM", r"\bH200\b", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
-                               "fp8": 1979.0}),
-    ("GH200", r"\bGH200\b", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
-                           "fp8": 1979.0}),
-    ("H100 NVL", r"\bH100 NVL\b", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5,
-                                   "fp8": 1670.5}),
-    ("H100 PCIe", r"\bH100\b.*\bPCIe\b", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.5,
-                                          "fp16": 756.5, "fp8": 1513.0}),
-    ("H100 SXM", r"\bH100\b", {"fp32": 67.0, "tf32": 494.5, "bf16": 989.5, "fp16": 989.5,
-                               "fp8": 1979.0}),
-    ("A100", r"\bA100\b", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    ("L40S", r"\bL40S\b", {"fp32": 91.6, "tf32": 183.0, "bf16": 366.5, "fp16": 366.5,
-                           "fp8": 733.0}),
-    ("L4", r"\bL4\b", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0,
-                       "fp8": 242.5}),
-    ("A10", r"\bA10\b", {"fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0}),
-    ("V100", r"\bV100\b", {"fp32": 15.7, "fp16": 125.0}),
-    ("T4", r"\bT4\b", {"fp32": 8.1, "fp16": 65.0}),
-)
+from .classify import is_math_helper
+from .peaks import GPU_PEAKS, peak_for
+
+# (label, name pattern, {precision: dense TFLOP/s}) per GPU: a view of the one table in
+# peaks.py (MFU and the roofline read the same numbers).
+PEAK_TFLOPS: tuple[tuple[str, str, dict[str, float]], ...] = tuple(
+    (row.label, row.pattern, row.tflops) for row in GPU_PEAKS)
 
 # Kernel precisions as the peak table names them; TF32 kernels are reported as "fp32" by
 # some classifiers when the name does not say, and run at the TF32 rate on Tensor Cores.
 _PRECISIONS = ("fp8", "bf16", "fp16", "tf32", "fp32")
 _AUTOCAST = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "mixed_bfloat16": "bf16",
              "mixed_float16": "fp16"}
-
-
-def peak_for(gpu_name: str | None, precision: str | None) -> tuple[float | None, str]:
-    """(dense peak TFLOP/s, where it came from) for a GPU name and a precision."""
-    if not gpu_name:
-        return None, "unknown GPU: pass peak_tflops="
-    for label, pattern, peaks in PEAK_TFLOPS:
-        if re.search(pattern, gpu_name, re.IGNORECASE):
-            if precision in peaks:
-                return peaks[precision], f"{label} datasheet, dense {precision}"
-            return None, f"no {precision} peak for {label} in the table: pass peak_tflops="
-    return None, f"{gpu_name!r} is not in the peak table: pass peak_tflops="
 
 
 def _kernel_precision(k: dict[str, Any]) -> str | None:
@@ -102,7 +70,8 @@ def _flops_per_iteration(report: dict[str, Any]) -> tuple[float | None, dict[str
     math_us = counted_us = 0.0
     for k in report.get("kernels") or ():
         f = k.get("flops") or 0.0
-        if k.get("category") in ("gemm", "conv", "attention"):
+        # setup/epilogue kernels of GEMM and attention libraries do none of the math
+        if k.get("category") in ("gemm", "conv", "attention") and not is_math_helper(k["name"]):
             math_us += k.get("total_us") or 0.0
             if f:
                 counted_us += k.get("total_us") or 0.0

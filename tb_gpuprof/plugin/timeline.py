@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ..model import KERNEL, CpuOp, GpuActivity, Profile, RuntimeCall
+from ..model import KERNEL, CpuOp, GpuActivity, Profile, PythonCalls, RuntimeCall
 
 MAX_WIDTH = 8192
 MAX_DEPTH = 12  # CPU nesting levels drawn; deeper ops fold into the last lane
+MAX_PYTHON_DEPTH = 16  # Python call levels drawn per thread (stacks run deep)
 # Long lanes keep copies pre-merged at 1/65536 of the window (and 16x coarser); a request
 # merges the coarsest copy no coarser than its own pixel (same bars, far fewer entries).
 COARSE_PIXELS = 65536
@@ -29,8 +30,8 @@ COARSE_MIN_EVENTS = 20000
 _NCCL = re.compile(r"nccl", re.IGNORECASE)
 
 # Bar categories (the frontend colours them).
-CAT_OP, CAT_RUNTIME, CAT_KERNEL, CAT_MEMCPY, CAT_MEMSET, CAT_NCCL = range(6)
-CATEGORIES = ["op", "runtime", "kernel", "memcpy", "memset", "nccl"]
+CAT_OP, CAT_RUNTIME, CAT_KERNEL, CAT_MEMCPY, CAT_MEMSET, CAT_NCCL, CAT_PYTHON = range(7)
+CATEGORIES = ["op", "runtime", "kernel", "memcpy", "memset", "nccl", "python"]
 # Columns of the answer's "bars" (one list each): row, lane (CPU nesting depth), start/end
 # (µs from the window start), count of merged events, category, index into "names", and the
 # event id of a single-event bar (-1 for a merged one).
@@ -104,7 +105,7 @@ def _gpu_category(a: GpuActivity) -> int:
     return CAT_MEMCPY if a.kind == "memcpy" else CAT_MEMSET
 
 
-def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _depths(starts: np.ndarray, ends: np.ndarray, max_depth: int = MAX_DEPTH) -> np.ndarray:
     """Nesting level of each event of one thread (sorted by start, longer first on ties)."""
     depth = np.zeros(len(starts), dtype=np.int32)
     stack: list[float] = []
@@ -112,7 +113,7 @@ def _depths(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         s = starts[i]
         while stack and stack[-1] <= s:
             stack.pop()
-        depth[i] = min(len(stack), MAX_DEPTH - 1)
+        depth[i] = min(len(stack), max_depth - 1)
         stack.append(ends[i])
     return depth
 
@@ -132,17 +133,30 @@ class TimelineIndex:
         self.lanes: list[_Lane] = []
         self._by_external: dict[int, CpuOp] = {op.external_id: op for op in profile.cpu_ops
                                                if op.external_id is not None}
+        self.python = profile.python
+        self._python_rows = self._python_threads(profile.python, len(self.events))
         self._add_host_rows(host)
         self._add_gpu_rows(profile.gpu, len(host))
         self.iterations = iteration_marks(report or {}, self.t0)
 
-    def _add_lanes(self, row: int, ids: np.ndarray, depth: np.ndarray | None) -> None:
-        starts = np.array([self.events[i].start_us for i in ids], dtype=np.float64) - self.t0
-        durs = np.array([max(self.events[i].dur_us, 0.0) for i in ids], dtype=np.float64)
+    def _name(self, event_id: int) -> str:
+        n = len(self.events)
+        if event_id < n or self.python is None:
+            return self.events[event_id].name
+        return self.python.name[event_id - n]
+
+    def _add_lanes(self, row: int, ids: np.ndarray, depth: np.ndarray | None,
+                   times: tuple[np.ndarray, np.ndarray] | None = None,
+                   max_depth: int = MAX_DEPTH) -> None:
+        if times is None:
+            starts = np.array([self.events[i].start_us for i in ids], dtype=np.float64) - self.t0
+            durs = np.array([max(self.events[i].dur_us, 0.0) for i in ids], dtype=np.float64)
+        else:
+            starts, durs = times
         order = np.lexsort((-durs, starts))
         ids, starts, durs = ids[order], starts[order], durs[order]
         if depth is None:
-            depth = _depths(starts, starts + durs)
+            depth = _depths(starts, starts + durs, max_depth)
         for d in np.unique(depth):
             sel = depth == d
             s, du = starts[sel], durs[sel]
@@ -171,6 +185,10 @@ class TimelineIndex:
             self.rows.append({"id": len(self.rows), "kind": "cpu", "label": f"CPU thread {tid}",
                               "events": len(by_tid[tid])})
             self._add_lanes(len(self.rows) - 1, np.array(by_tid[tid], dtype=np.int64), None)
+            if tid in self._python_rows:  # a thread's Python calls right under its ops
+                self._add_python_row(tid)
+        for tid in sorted(set(self._python_rows) - set(by_tid)):
+            self._add_python_row(tid)
 
     def _add_gpu_rows(self, gpu: list[GpuActivity], offset: int) -> None:
         by_stream: dict[tuple[int, int], list[int]] = {}
@@ -182,6 +200,37 @@ class TimelineIndex:
                               "label": f"GPU {device} stream {stream}", "events": len(ids)})
             # a stream runs one thing at a time: one lane (overlaps, if any, merge)
             self._add_lanes(len(self.rows) - 1, ids, np.zeros(len(ids), dtype=np.int32))
+
+    def _python_threads(self, calls: PythonCalls | None, offset: int
+                        ) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per thread, the Python calls (``with_stack``) that overlap the window: ids (from
+        ``offset``), start and duration, cut to the window (``<module>`` and the training
+        loop reach outside it)."""
+        if calls is None or not len(calls):
+            return {}
+        start = np.frombuffer(calls.start, dtype=np.float64)
+        stop = start + np.maximum(np.frombuffer(calls.dur, dtype=np.float64), 0.0)
+        tid = np.frombuffer(calls.tid, dtype=np.int64)
+        inside = np.flatnonzero((stop >= self.t0) & (start <= self.t1))
+        cut_start = np.maximum(start[inside], self.t0) - self.t0
+        cut_dur = np.minimum(stop[inside], self.t1) - self.t0 - cut_start
+        self.categories = np.concatenate(
+            [self.categories, np.full(len(calls), CAT_PYTHON, dtype=np.int8)])
+        threads = {}
+        for t in np.unique(tid[inside]).tolist():
+            sel = tid[inside] == t
+            threads[t] = (inside[sel] + offset, cut_start[sel], cut_dur[sel])
+        return threads
+
+    def _add_python_row(self, tid: int) -> None:
+        ids, start, dur = self._python_rows[tid]
+        self.rows.append({"id": len(self.rows), "kind": "python",
+                          "label": f"Python thread {tid}", "events": len(ids)})
+        self._add_lanes(len(self.rows) - 1, ids, None, (start, dur), MAX_PYTHON_DEPTH)
+
+    def total_events(self) -> int:
+        """Events drawn: host and GPU events, and the Python calls overlapping the window."""
+        return len(self.events) + sum(len(v[0]) for v in self._python_rows.values())
 
     def window(self, start_us: float | None, end_us: float | None, width: int) -> dict[str, Any]:
         """Bars of [start_us, end_us] (µs from the window start) merged to ``width`` pixels."""
@@ -199,7 +248,7 @@ class TimelineIndex:
             self._merge(lane, lo, hi, px, names, out)
         return {"t0_us": self.t0, "span_us": span, "start_us": lo, "end_us": hi, "width": width,
                 "px_us": px, "rows": self.rows, "categories": CATEGORIES, "names": list(names),
-                "bars": out, "events": len(self.events), "iterations": self.iterations}
+                "bars": out, "events": self.total_events(), "iterations": self.iterations}
 
     def _merge(self, lane: _Lane, lo: float, hi: float, px: float, names: dict[str, int],
                out: dict[str, list]) -> None:
@@ -213,8 +262,9 @@ class TimelineIndex:
             return
         m = _merge_level(lv, i0, i1, px)
         ids = lv.ids[i0:i1][m.longest]
+        name_of = self._name
         for j in ids.tolist():
-            out["name"].append(names.setdefault(self.events[j].name, len(names)))
+            out["name"].append(names.setdefault(name_of(j), len(names)))
         out["row"].extend([lane.row] * len(m.first))
         out["lane"].extend([lane.depth] * len(m.first))
         out["start"].extend(np.round(lv.start[i0:i1][m.first], 3).tolist())
@@ -225,8 +275,10 @@ class TimelineIndex:
 
     def event(self, event_id: int) -> dict[str, Any]:
         """One event's details: for a GPU activity, also the op that launched it."""
-        if not 0 <= event_id < len(self.events):
+        if not 0 <= event_id < len(self.events) + (len(self.python) if self.python else 0):
             raise TimelineError(f"no event {event_id} in this window")
+        if event_id >= len(self.events):
+            return self._python_event(event_id)
         ev = self.events[event_id]
         out: dict[str, Any] = {"id": event_id, "name": ev.name,
                                "category": CATEGORIES[int(self.categories[event_id])],
@@ -245,6 +297,15 @@ class TimelineIndex:
             out.update(tid=op.tid, op=op.name, input_shapes=op.input_shapes,
                        input_types=op.input_types, flops=op.flops, stack=op.stack)
         return out
+
+
+    def _python_event(self, event_id: int) -> dict[str, Any]:
+        assert self.python is not None
+        j = event_id - len(self.events)
+        py = self.python
+        return {"id": event_id, "name": py.name[j], "category": "python",
+                "start_us": round(py.start[j] - self.t0, 3), "dur_us": py.dur[j],
+                "tid": py.tid[j]}
 
 
 def iteration_marks(report: dict[str, Any], t0: float) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ import re
 import sys
 import threading
 import zlib
+from array import array
 from collections.abc import Iterator
 from operator import attrgetter
 from typing import Any
@@ -40,7 +41,9 @@ from ..model import (
     CpuOp,
     DeviceInfo,
     GpuActivity,
+    MemoryEvents,
     Profile,
+    PythonCalls,
     RuntimeCall,
 )
 
@@ -78,6 +81,13 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
     flops: float | None = None
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    # allocator events ("[memory]"): only those carry these keys
+    mem_bytes: int | None = msgspec.field(default=None, name="Bytes")
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
+    addr: int | None = msgspec.field(default=None, name="Addr")
+    device_type: int | None = msgspec.field(default=None, name="Device Type")
+    device_id: int | None = msgspec.field(default=None, name="Device Id")
     name: Any = None  # thread_name / process_name metadata events
 
 
@@ -147,7 +157,7 @@ _EVENT_GAP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events, an
 _FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*("[^"\\]{1,64})"[ \t\r\n]*:')
 
 # Category -> what we make of it; old Kineto spelled some categories differently.
-_CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT = range(8)
+_CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT, _INSTANT = range(9)
 _CATEGORY = {
     "cpu_op": _CPU_OP, "operator": _CPU_OP, "Operator": _CPU_OP,
     "python_function": _PYTHON, "python": _PYTHON, "Python": _PYTHON,
@@ -156,6 +166,7 @@ _CATEGORY = {
     "gpu_memset": _MEMSET, "Memset": _MEMSET,
     "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
     "user_annotation": _ANNOT, "gpu_user_annotation": _GPU_ANNOT,
+    "cpu_instant_event": _INSTANT,  # "[memory]" allocator events, "[OutOfMemory]"
 }
 
 _MISSING = object()
@@ -570,6 +581,65 @@ class UserStackBuilder:
                 op.stack = current
 
 
+# --- allocator events and Python calls ---------------------------------------------------------
+
+
+class MemoryEventsBuilder:
+    """Collects ``[memory]`` instant events into :class:`MemoryEvents` (compact arrays). The
+    reader's loop calls :meth:`add` only for instant events, so traces without them pay
+    nothing per event."""
+
+    def __init__(self) -> None:
+        self.series = MemoryEvents()
+
+    def add(self, ev: _Event) -> None:
+        a = ev.args
+        if a.mem_bytes is None or a.total_allocated is None:
+            return  # not an allocator event we can use
+        m = self.series
+        m.ts.append(ev.ts)
+        m.nbytes.append(a.mem_bytes)
+        m.allocated.append(a.total_allocated)
+        m.reserved.append(a.total_reserved if a.total_reserved is not None else -1)
+        m.addr.append(a.addr or 0)
+        m.device_type.append(max(min(a.device_type if a.device_type is not None else 0, 127), -1))
+        m.device_id.append(max(min(a.device_id if a.device_id is not None else -1, 127), -1))
+        m.tid.append(ev.tid if type(ev.tid) is int else 0)
+
+    def finish(self) -> MemoryEvents | None:
+        m = self.series
+        if not len(m):
+            return None
+        ts = m.ts
+        if any(ts[i] > ts[i + 1] for i in range(len(ts) - 1)):  # Kineto writes them in order
+            order = sorted(range(len(ts)), key=ts.__getitem__)
+            for name in MemoryEvents.__slots__:
+                col = getattr(m, name)
+                setattr(m, name, type(col)(col.typecode, (col[i] for i in order)))
+        return m
+
+
+class PythonCallsBuilder:
+    """``python_function`` events as :class:`PythonCalls` (the Timeline's Python rows),
+    sorted by start at the end."""
+
+    def __init__(self) -> None:
+        self.calls = PythonCalls()  # appended to by the reader's loop directly (it is hot)
+
+    def finish(self) -> PythonCalls | None:
+        c = self.calls
+        if not len(c):
+            return None
+        start = c.start
+        if any(start[i] > start[i + 1] for i in range(len(start) - 1)):
+            order = sorted(range(len(start)), key=start.__getitem__)
+            c.start = array("d", (start[i] for i in order))
+            c.dur = array("d", (c.dur[i] for i in order))
+            c.tid = array("q", (c.tid[i] for i in order))
+            c.name = [c.name[i] for i in order]
+        return c
+
+
 # --- building the model -----------------------------------------------------------------------
 
 
@@ -587,6 +657,8 @@ class _ProfileBuilder:
         self._dims_cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
         self._thread_names: dict[str, str] = {}
         self._events = 0
+        self.memory = MemoryEventsBuilder()
+        self.python = PythonCallsBuilder()
 
     def add_metadata(self, doc: dict[str, Any]) -> None:
         meta = self.profile.metadata
@@ -659,6 +731,9 @@ class _ProfileBuilder:
         frames = stacks.frames
         conv_ops = self._conv_ops
         thread = self._threads.get
+        py = self.python.calls  # Python rows of the Timeline: every call, user code or not
+        py_start, py_dur, py_tid, py_name = (py.start.append, py.dur.append, py.tid.append,
+                                             py.name.append)
         self._events += len(events)
         for ev in events:
             kind = category(ev.cat)
@@ -705,6 +780,11 @@ class _ProfileBuilder:
                     user = stacks.learn(name)
                 if user:
                     frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, intern(name)))
+                tid = thread(ev.tid)
+                py_start(ev.ts)
+                py_dur(ev.dur)
+                py_tid(self._thread(ev.tid) if tid is None else tid)
+                py_name(intern(name))
             elif kind is None:
                 if ev.name == "thread_name" and not ev.cat:  # a "ph": "M" metadata event
                     self._thread_names[f"{ev.pid}/{ev.tid}"] = str(ev.args.name)
@@ -730,6 +810,9 @@ class _ProfileBuilder:
                                   a.correlation, a.external_id)
                 act.bytes = a.bytes
                 gpu.append(act)
+            elif kind == _INSTANT:
+                if ev.name == "[memory]":
+                    self.memory.add(ev)
             else:
                 kind_name, step = classify_annotation(ev.name)
                 annotations.append(Annotation(ev.name, ev.ts, ev.dur, kind_name,
@@ -749,6 +832,8 @@ class _ProfileBuilder:
 
     def finish(self) -> Profile:
         p = self.profile
+        p.memory = self.memory.finish()
+        p.python = self.python.finish()
         if not (p.gpu or p.cpu_ops or p.runtime or p.annotations):
             raise EmptyProfileError(
                 p.source, "trace holds no kernels, CPU ops, runtime calls or annotations")

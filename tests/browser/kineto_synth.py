@@ -28,16 +28,24 @@ class SynthKernel:
 
 
 def write_kineto_trace(path: Path, kernels: Sequence[SynthKernel], steps: int = 3,
-                       first_step: int = 10) -> Path:
-    """Write a trace where every step launches each kernel once, back to back on one stream."""
+                       first_step: int = 10, memory: bool = False) -> Path:
+    """Write a trace where every step launches each kernel once, back to back on one stream.
+    ``memory``: each op also allocates ``MEMORY_UNIT`` times its 1-based position on GPU 0
+    (a ``[memory]`` event, as profile_memory=True writes them), freed at the step's end."""
     events: list[dict] = []
     corr = 0
     t = 1_000.0
+    allocated = 0
     for s in range(first_step, first_step + steps):
         step_start = t
         cpu_t = t
         gpu_t = t + 5.0
-        for k in kernels:
+        live: list[tuple[int, int]] = []
+        for pos, k in enumerate(kernels, 1):
+            if memory:
+                allocated += pos * MEMORY_UNIT
+                live.append((0x7F0000000000 + corr * 4096, pos * MEMORY_UNIT))
+                events.append(_memory_event(cpu_t + 0.5, live[-1][0], live[-1][1], allocated))
             corr += 1
             events.append({"ph": "X", "cat": "cpu_op", "name": k.op, "pid": 1, "tid": 1,
                            "ts": cpu_t, "dur": 4.0,
@@ -56,6 +64,9 @@ def write_kineto_trace(path: Path, kernels: Sequence[SynthKernel], steps: int = 
             gpu_t += k.dur_us + 1.0
             cpu_t += 5.0
         t = max(cpu_t, gpu_t) + 10.0
+        for addr, size in live:
+            allocated -= size
+            events.append(_memory_event(t - 5.0, addr, -size, allocated))
         events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}",
                        "pid": 1, "tid": 1, "ts": step_start, "dur": t - step_start,
                        "args": {"External id": 0}})
@@ -72,6 +83,16 @@ def write_kineto_trace(path: Path, kernels: Sequence[SynthKernel], steps: int = 
     else:
         path.write_text(text)
     return path
+
+
+MEMORY_UNIT = 64 << 20  # bytes an op allocates per position in the step
+
+
+def _memory_event(ts: float, addr: int, nbytes: int, allocated: int) -> dict:
+    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1,
+            "tid": 1, "ts": ts,
+            "args": {"Total Reserved": 2 * (8 * MEMORY_UNIT), "Total Allocated": allocated,
+                     "Bytes": nbytes, "Device Id": 0, "Device Type": 1, "Addr": addr}}
 
 
 def hostile_kernels() -> list[SynthKernel]:

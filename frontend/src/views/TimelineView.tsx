@@ -13,7 +13,7 @@ import { BOUND_PARTS } from "./DashboardView";
 
 interface Row {
   id: number;
-  kind: "cpu" | "gpu";
+  kind: "cpu" | "gpu" | "python";
   label: string;
   events: number;
   lanes: number;
@@ -64,10 +64,11 @@ interface EventDetails {
 
 const CAT_COLORS: Record<string, string> = {
   op: COLORS.nonTc, runtime: COLORS.layout, kernel: COLORS.tc, memcpy: COLORS.memory, memset: "#33bbee", nccl: COLORS.communication,
+  python: "#607d8b",
 };
 const BOUND_COLOR = Object.fromEntries(BOUND_PARTS.map(([k, , c]) => [k, c]));
 const BOUND_LABEL = Object.fromEntries(BOUND_PARTS.map(([k, l]) => [k, l]));
-const LANE_H = { cpu: 14, gpu: 20 };
+const LANE_H = { cpu: 14, gpu: 20, python: 12 };
 const ROW_GAP = 6;
 const BAND_H = 22; // the iterations band
 const LABEL_W = 150;

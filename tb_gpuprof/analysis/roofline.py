@@ -1,0 +1,358 @@
+"""The roofline: each kernel's arithmetic intensity against its achieved FLOP/s, under the GPU's
+ceilings (peaks.py), and its "% of speed of light" (docs/roofline.md).
+
+Bytes come from the shapes and dtypes of the op that launched the kernel, the same op records
+the FLOPs come from (flops.py): a GEMM reads A and B and writes C, a convolution reads its
+input and weight and writes its output, an elementwise op reads its inputs and writes one
+output. That is the least DRAM traffic the kernel can have (caches can only cut re-reads of
+what it must touch once), so intensity is an upper bound and % of speed of light a lower
+bound. Kernels whose op has no recorded shapes (XLA, compiled graphs, ``record_shapes=False``)
+or no byte model are left out and counted by reason.
+
+The speed of light of a kernel is the time it would take at the GPU's ceilings,
+``max(FLOPs / peak FLOP/s, bytes / bandwidth)``; % of speed of light is that over its measured
+time. Pure functions of the report and the profile; imports no framework.
+"""
+
+from __future__ import annotations
+
+import re
+from math import prod
+from typing import Any
+
+from ..model import KERNEL, CpuOp, GpuActivity, Profile
+from .flops import op_flops
+from .linking import LaunchContext
+from .peaks import GpuPeaks, gpu_peaks
+
+TOP_POINTS = 50  # kernels plotted, by total time
+MAX_LEFT_OUT_REASONS = 8
+
+# Bytes per element of the dtypes Kineto records in "Input type".
+DTYPE_BYTES = {"double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8,
+               "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
+               "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1,
+               "c10::Float8_e5m2fnuz": 1, "c10::complex<float>": 8, "c10::complex<double>": 16}
+_DTYPE_PRECISION = {"double": "fp64", "float": "fp32", "c10::Half": "fp16",
+                    "c10::BFloat16": "bf16", "c10::Float8_e4m3fn": "fp8",
+                    "c10::Float8_e5m2": "fp8", "signed char": "int8"}
+
+_GEMM = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1),
+         "aten::baddbmm": (1, 2), "aten::_scaled_mm": (0, 1)}
+# Elementwise ops: one output element per broadcast input element, at least one FLOP each.
+_POINTWISE = frozenset((
+    "add", "sub", "rsub", "mul", "div", "neg", "abs", "reciprocal", "pow", "sqrt", "rsqrt",
+    "exp", "log", "log1p", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", "mish",
+    "hardtanh", "leaky_relu", "elu", "softplus", "clamp", "clamp_min", "clamp_max",
+    "threshold", "threshold_backward", "gelu_backward", "silu_backward", "sigmoid_backward",
+    "tanh_backward", "hardtanh_backward", "leaky_relu_backward", "where", "masked_fill",
+    "addcmul", "addcdiv", "lerp", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_not", "sign", "square", "erf", "floor", "ceil", "round", "trunc", "fmod"))
+# Normalisations: read their inputs, write an output the size of the first, >= 1 FLOP/element.
+_NORMALIZE = frozenset((
+    "native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm", "native_layer_norm",
+    "native_group_norm", "_softmax", "_log_softmax", "native_batch_norm_backward",
+    "cudnn_batch_norm_backward", "native_layer_norm_backward", "native_group_norm_backward",
+    "_softmax_backward_data", "_log_softmax_backward_data", "_fused_rms_norm"))
+# Reductions: read the input (the small output is not counted), >= 1 FLOP per input element.
+_REDUCE = frozenset(("sum", "mean", "amax", "amin", "norm", "linalg_vector_norm", "prod"))
+# Pure data movement: no FLOPs, so never plotted; their bytes still give a % of speed of light.
+_MOVE = {"copy_": "src_to_self", "fill_": "self", "zero_": "self"}
+
+
+def _tensors(op: CpuOp) -> list[tuple[list[int], int]] | None:
+    """(shape, bytes per element) of each tensor input; None when a dtype is unknown."""
+    shapes, types = op.input_shapes or [], op.input_types or []
+    out = []
+    for i, shape in enumerate(shapes):
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) for d in shape):
+            continue  # scalars, lists, 0-d tensors (their few bytes do not matter)
+        size = DTYPE_BYTES.get(types[i]) if i < len(types) else None
+        if size is None:
+            return None
+        out.append((shape, size))
+    return out
+
+
+def _broadcast(shapes: list[list[int]]) -> list[int] | None:
+    rank = max(len(s) for s in shapes)
+    out = []
+    for i in range(1, rank + 1):
+        dims = {s[-i] for s in shapes if len(s) >= i} - {1}
+        if len(dims) > 1:
+            return None
+        out.append(dims.pop() if dims else 1)
+    return out[::-1]
+
+
+def _math_bytes(op: CpuOp, flops: float, ts: list[tuple[list[int], int]]) -> float | None:
+    """Least traffic of a GEMM, convolution or attention op: operands read, result written."""
+    name, shapes = op.name, op.input_shapes or []
+    read = sum(prod(s) * b for s, b in ts)
+    if name in _GEMM or name == "aten::linear":
+        a_i, b_i = _GEMM.get(name, (0, 1))
+        a, b = shapes[a_i], shapes[b_i]
+        n = b[0] if name == "aten::linear" else b[-1]  # linear's weight is [out, in]
+        return read + prod(a[:-1]) * n * ts[0][1]
+    if name == "aten::convolution_backward":
+        # (grad_output, input, weight, ...): reads all three, writes the input and weight
+        # gradients its output mask asks for.
+        conc = op.concrete_inputs or []
+        mask = str(conc[10] if len(conc) > 10 else "[True, True, False]").strip("[]").split(",")
+        x, w = ts[1], ts[2]
+        writes = (prod(x[0]) * x[1] if "True" in mask[0] else 0) + \
+                 (prod(w[0]) * w[1] if len(mask) > 1 and "True" in mask[1] else 0)
+        return read + writes
+    if "conv" in name:
+        # FLOPs = 2 * output elements * (C/groups * kernel volume) = 2 * out * prod(w[1:])
+        w = shapes[1]
+        return read + flops / (2 * prod(w[1:])) * ts[0][1]
+    if "attention" in name:
+        if "backward" in name:  # (grad_out, Q, K, V, ...): writes dQ, dK, dV
+            return read + sum(prod(s) * b for s, b in ts[1:4])
+        return read + prod(ts[0][0]) * ts[0][1]  # writes O, the shape of Q
+    return None
+
+
+def op_traffic(op: CpuOp) -> tuple[float, float] | str:
+    """(least bytes moved, FLOPs) of one op, or why there are none.
+
+    FLOPs are flops.py's count for math ops; elementwise, normalisation and reduction ops
+    count one FLOP per element (a lower bound), copies and fills none.
+    """
+    ts = _tensors(op)
+    if ts is None:
+        return f"{op.name}: an input dtype of unknown size"
+    if not ts:
+        return "op recorded without tensor shapes"
+    flops = op_flops(op)
+    if flops:
+        try:
+            b = _math_bytes(op, flops, ts)
+        except (IndexError, TypeError, ZeroDivisionError):  # shapes not as the op's signature
+            b = None
+        return (b, flops) if b else f"no byte model for {op.name}"
+    base = op.name.removeprefix("aten::")
+    stem = base.rstrip("_")
+    read = sum(prod(s) * b for s, b in ts)
+    if stem in _POINTWISE:
+        out = ts[0][0] if base.endswith("_") else _broadcast([s for s, _ in ts])
+        if out is None:
+            return f"{op.name}: shapes do not broadcast"
+        elems = prod(out)
+        return read + elems * ts[0][1], float(elems)
+    if stem in _NORMALIZE:
+        return read + prod(ts[0][0]) * ts[0][1], float(prod(ts[0][0]))
+    if stem in _REDUCE:
+        return read, float(prod(ts[0][0]))
+    move = _MOVE.get(base)
+    if move == "self":
+        return prod(ts[0][0]) * ts[0][1], 0.0
+    if move == "src_to_self" and len(ts) >= 2:
+        return prod(ts[0][0]) * ts[0][1] + prod(ts[1][0]) * ts[1][1], 0.0
+    if not op.name.startswith("aten::"):
+        return "no byte model for fused or custom ops (Inductor/Triton, extensions)"
+    return f"no byte model for {op.name}"
+
+
+def _op_precision(op: CpuOp) -> str | None:
+    for t in op.input_types or ():
+        p = _DTYPE_PRECISION.get(t)
+        if p:
+            return p
+    return None
+
+
+class _Tally:
+    """One kernel's bytes and FLOPs as the activities of the window add them up."""
+
+    __slots__ = ("bytes", "covered_us", "flops", "precision", "reasons")
+
+    def __init__(self) -> None:
+        self.bytes = 0.0
+        self.flops = 0.0  # only for kernels whose op FLOPs the report does not carry
+        self.covered_us = 0.0
+        self.precision: str | None = None
+        self.reasons: dict[str, float] = {}  # why some of its time has no bytes -> that time
+
+    def miss(self, reason: str, dur: float) -> None:
+        self.reasons[reason] = self.reasons.get(reason, 0.0) + dur
+
+
+def _no_op_reason(profile: Profile) -> str:
+    if profile.format == "xplane":
+        return "no op shapes in the trace (XLA names the HLO op, not its shapes)"
+    return "launched outside any recorded op (compiled graph, CUDA graph, raw CUDA)"
+
+
+def kernel_traffic(report: dict[str, Any], profile: Profile,
+                   per_window: list[list[tuple[GpuActivity, LaunchContext | None]]]
+                   ) -> dict[str, _Tally]:
+    """Bytes (and elementwise FLOPs) per kernel name, from the ops that launched its runs.
+
+    An op's traffic is split over the kernels it launched by their time, as its FLOPs are
+    (report.py): a GEMM op over its math kernels, an elementwise op over what it launched.
+    """
+    kernels = {k["name"]: k for k in report["kernels"] if k["kind"] == KERNEL}
+    tallies = {name: _Tally() for name in kernels}
+    groups: dict[int, list[tuple[_Tally, float]]] = {}
+    no_op = _no_op_reason(profile)
+    has_flops: dict[int, bool] = {}
+    for acts in per_window:
+        for a, ctx in acts:
+            k = kernels.get(a.name) if a.kind == KERNEL else None
+            if k is None:
+                continue
+            t = tallies[a.name]
+            if k["category"] == "communication":
+                t.miss("communication (NCCL) kernel", a.dur_us)
+                continue
+            math = bool(k["flops"]) and ctx is not None and ctx.flop_op is not None
+            op_idx = (ctx.flop_op if math else ctx.launch_op) if ctx is not None else None
+            if op_idx is None:
+                t.miss(no_op, a.dur_us)
+                continue
+            if not math:
+                if op_idx not in has_flops:
+                    has_flops[op_idx] = bool(op_flops(profile.cpu_ops[op_idx]))
+                if has_flops[op_idx]:
+                    # a cast or layout kernel of a GEMM/conv op: the op's traffic is its math
+                    # kernels' (as its FLOPs are)
+                    t.miss("layout or setup kernel inside a GEMM/conv op (not modelled)",
+                           a.dur_us)
+                    continue
+            groups.setdefault(op_idx, []).append((t, a.dur_us))
+    for op_idx, group in groups.items():
+        op = profile.cpu_ops[op_idx]
+        traffic = op_traffic(op)
+        if isinstance(traffic, str):
+            for t, dur in group:
+                t.miss(traffic, dur)
+            continue
+        nbytes, flops = traffic
+        total = sum(d for _, d in group) or 1.0
+        precision = _op_precision(op)
+        for t, dur in group:
+            t.bytes += nbytes * dur / total
+            t.flops += flops * dur / total
+            t.covered_us += dur
+            t.precision = t.precision or precision
+    return tallies
+
+
+def ceiling_precision(kernel: dict[str, Any], data_precision: str | None) -> str | None:
+    """The peak-table row a kernel's compute is bounded by: Tensor Core rates for kernels on
+    Tensor Cores (FP32 data there runs as TF32), else the CUDA-core FP32 (or FP64) rate."""
+    p = kernel.get("precision")
+    if p not in ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8"):
+        p = data_precision
+    if kernel.get("uses_tensor_cores"):
+        return {"fp32": "tf32", "fp64": "fp64_tc"}.get(p or "", p)
+    return "fp64" if p == "fp64" else "fp32"
+
+
+def speed_of_light(flops: float, nbytes: float, time_us: float, peak_tflops: float | None,
+                   hbm_gbps: float | None) -> dict[str, Any] | None:
+    """Intensity, achieved and attainable TFLOP/s, % of speed of light and the bound."""
+    t_compute = flops / (peak_tflops * 1e12) if flops and peak_tflops else 0.0
+    t_memory = nbytes / (hbm_gbps * 1e9) if nbytes and hbm_gbps else 0.0
+    if time_us <= 0 or (t_compute == 0.0 and t_memory == 0.0):
+        return None
+    intensity = flops / nbytes if nbytes else None
+    roofs = [r for r in (peak_tflops, intensity * hbm_gbps / 1e3 if intensity is not None
+                         and hbm_gbps else None) if r]
+    return {
+        "intensity": intensity,
+        "achieved_tflops": flops / (time_us * 1e6),
+        "ceiling_tflops": min(roofs) if roofs and flops else None,
+        "pct_of_sol": 100.0 * max(t_compute, t_memory) / (time_us * 1e-6),
+        "bound": "compute" if t_compute >= t_memory else "memory",
+    }
+
+
+def _point(k: dict[str, Any], t: _Tally, flops: float, ceiling: str | None,
+           sol: dict[str, Any]) -> dict[str, Any]:
+    return {"name": k["name"], "demangled": k["demangled"], "time_us": k["total_us"],
+            "count": k["count"], "precision": t.precision if k["precision"] == "unknown"
+            else k["precision"], "ceiling": ceiling, "category": k["category"],
+            "flops": round(flops, 1), "bytes": round(t.bytes, 1),
+            "intensity": _sig(sol["intensity"]), "achieved_tflops": _sig(sol["achieved_tflops"]),
+            "ceiling_tflops": _sig(sol["ceiling_tflops"]) if sol["ceiling_tflops"] else None,
+            "pct_of_sol": _sig(sol["pct_of_sol"]), "bound": sol["bound"]}
+
+
+def _sig(v: float, digits: int = 5) -> float:
+    """Rounded to significant digits: a tiny kernel's TFLOP/s must not round to 0 (log axes)."""
+    return float(f"{v:.{digits}g}")
+
+
+# cuDNN's FFT and Winograd convolutions (and the complex GEMMs of the FFT path) do fewer
+# multiply-adds than the direct convolution the FLOPs are counted for.
+_FAST_CONV = re.compile(r"fft|winograd|cgemm|cf32cf32|c2r|r2c", re.IGNORECASE)
+
+
+def _over_ceiling_why(point: dict[str, Any]) -> str:
+    """Why a kernel beat the speed of light: said, never clipped."""
+    if _FAST_CONV.search(point["name"]):
+        return ("FFT/Winograd convolution: it does fewer FLOPs than the direct convolution "
+                "they are counted for")
+    if point["bound"] == "memory":
+        return ("faster than DRAM allows for the bytes counted: the data was in L2 (written "
+                "just before or re-read), or the byte model over-counts")
+    return "faster than the compute peak: the FLOP count or the peak table is wrong for it"
+
+
+def _ceilings(row: GpuPeaks | None, gpu_name: str | None) -> tuple[dict[str, Any] | None, str]:
+    if row is None:
+        why = f"{gpu_name!r} is not in the peak table" if gpu_name else "the GPU is unknown"
+        return None, f"{why}: no ceilings, no % of speed of light"
+    return ({"gpu": row.label, "hbm_gbps": row.hbm_gbps, "memory": row.memory,
+             "tflops": dict(row.tflops)}, f"{row.label} datasheet (dense peaks)")
+
+
+def roofline_section(report: dict[str, Any], profile: Profile,
+                     per_window: list[list[tuple[GpuActivity, LaunchContext | None]]]
+                     ) -> dict[str, Any]:
+    """The report's ``roofline`` section; sets ``pct_of_sol`` on every kernel of the report."""
+    gpu_name = (report.get("system") or {}).get("gpu_name")
+    row = gpu_peaks(gpu_name)
+    ceilings, source = _ceilings(row, gpu_name)
+    tallies = kernel_traffic(report, profile, per_window)
+    plotted: list[dict[str, Any]] = []
+    left_out: dict[str, list[float]] = {}  # reason -> [kernels, time]
+    kernels_total = 0
+    for k in report["kernels"]:
+        k["pct_of_sol"] = None
+        if k["kind"] != KERNEL:
+            continue
+        kernels_total += 1
+        t = tallies[k["name"]]
+        flops = float(k["flops"] or t.flops)
+        ceiling = ceiling_precision(k, t.precision)
+        sol = speed_of_light(flops, t.bytes, k["total_us"], row.peak(ceiling) if row else None,
+                             row.hbm_gbps if row else None)
+        if sol is not None:
+            k["pct_of_sol"] = _sig(sol["pct_of_sol"])
+        if flops > 0 and t.bytes > 0 and sol is not None:
+            plotted.append(_point(k, t, flops, ceiling, sol))
+            continue
+        if t.reasons:
+            reason = max(t.reasons, key=lambda r: t.reasons[r])
+        elif t.bytes > 0:
+            reason = "data movement only (no FLOPs to plot)"
+        else:
+            reason = source
+        entry = left_out.setdefault(reason, [0, 0.0])
+        entry[0] += 1
+        entry[1] += k["total_us"]
+    over = [{"name": p["name"], "pct_of_sol": p["pct_of_sol"], "why": _over_ceiling_why(p)}
+            for p in plotted if p["pct_of_sol"] > 100.0]
+    return {
+        "gpu_name": gpu_name, "ceilings": ceilings, "ceilings_source": source,
+        "kernels_total": kernels_total, "kernels_plotted": len(plotted),
+        "points": plotted[:TOP_POINTS],
+        "left_out": [{"reason": r, "kernels": int(n), "time_us": round(us, 3)}
+                     for r, (n, us) in sorted(left_out.items(), key=lambda kv: -kv[1][1])
+                     ][:MAX_LEFT_OUT_REASONS],
+        "over_ceiling": over,
+    }
