@@ -130,7 +130,9 @@ def kineto_section(tmp: str, size_mb: float, baseline: bool) -> None:
         rate = size / 1e6 / ours["s"]
         print(f"Kineto {layout:6} {size / 1e6:6.0f} MB {events:>9,} events | ours: read "
               f"{ours['read_s']:.2f} s, end to end {ours['s']:.2f} s = {rate:.0f} MB/s "
-              f"(goal >= 100), peak {ours['peak_mb']:.0f} MB (read {ours['read_peak_mb']:.0f}; "
+              f"(goal >= 100; CPU {ours['read_cpu_s']:.2f} / {ours['cpu_s']:.2f} s = "
+              f"{size / 1e6 / ours['cpu_s']:.0f} MB/s), peak {ours['peak_mb']:.0f} MB "
+              f"(read {ours['read_peak_mb']:.0f}; "
               f"read growth / file {(ours['read_peak_mb'] - ours['base_mb']) * 2**20 / size:.2f},"
               f" goal <= 0.5)  [{load()}]")
         if baseline:
@@ -148,7 +150,8 @@ def big_section(tmp: str, big_mb: float) -> None:
     size, events = build_trace(KINETO, path, big_mb, "line")
     ours = measure("ours", path)
     print(f"Kineto line {size / 1e6:6.0f} MB {events:>10,} events | ours: read {ours['read_s']:.1f}"
-          f" s, end to end {ours['s']:.1f} s (goal <= 30), peak {ours['peak_mb']:.0f} MB (goal <= "
+          f" s, end to end {ours['s']:.1f} s (goal <= 30; CPU {ours['read_cpu_s']:.1f} / "
+          f"{ours['cpu_s']:.1f} s), peak {ours['peak_mb']:.0f} MB (goal <= "
           f"1536), read peak {ours['read_peak_mb']:.0f} MB  [{load()}]")
     os.unlink(path)
 
@@ -165,8 +168,9 @@ def xplane_section(tmp: str, xplane_mb: float, baseline: bool) -> None:
     size = os.path.getsize(path)
     read = best_of(3, "ours_read", path)
     ours = best_of(3, "ours", path)
-    print(f"XPlane {size / 1e6:.1f} MB ({copies} copies) | ours upb read {read['s']:.2f} s, "
-          f"peak {read['peak_mb']:.0f} MB; read + report {ours['s']:.2f} s, peak "
+    print(f"XPlane {size / 1e6:.1f} MB ({copies} copies) | ours upb read {read['s']:.2f} s "
+          f"(CPU {read['cpu_s']:.2f}), peak {read['peak_mb']:.0f} MB; read + report "
+          f"{ours['s']:.2f} s (CPU {ours['cpu_s']:.2f}), peak "
           f"{ours['peak_mb']:.0f} MB  [{load()}]")
     if baseline:
         xdir = os.path.join(tmp, "xprof")  # XProf writes its cache next to the file: a copy
@@ -174,7 +178,8 @@ def xplane_section(tmp: str, xplane_mb: float, baseline: bool) -> None:
         xpath = os.path.join(xdir, "big.xplane.pb")
         shutil.copy(path, xpath)
         theirs = best_of(3, "xprof", xpath)
-        print(f"  XProf overview_page: {theirs['s']:.2f} s, peak {theirs['peak_mb']:.0f} MB -> "
+        print(f"  XProf overview_page: {theirs['s']:.2f} s (CPU {theirs['cpu_s']:.2f}), peak "
+              f"{theirs['peak_mb']:.0f} MB -> "
               f"read {theirs['s'] / read['s']:.2f}x faster (goal >= 1.5) in "
               f"1/{theirs['peak_mb'] / read['peak_mb']:.1f} of its memory (goal <= 1/3); "
               f"read + report {theirs['s'] / ours['s']:.2f}x, "
