@@ -92,7 +92,9 @@ def is_sync_call(name: str, correlation: int | None, blocking: set[int]) -> bool
 def host_timeline(profile: Profile) -> HostTimeline:
     tids = _launch_tids(profile)
     blocking = blocking_copy_correlations(profile)
-    data, sync, framework = [], [], []
+    data: Intervals = []
+    sync: Intervals = []
+    framework: Intervals = []
     classes: dict[tuple[str, str], int] = {}  # (name, kind) -> 0 data, 1 sync, 2 framework, 3 -
     for a in profile.annotations:
         if a.on_gpu:

@@ -123,7 +123,7 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
         order = np.lexsort((index, kinds, -durs, starts))
         columns = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
-        yield tuple(c.tolist() for c in columns)  # type: ignore[misc]
+        yield tuple(c.tolist() for c in columns)
 
 
 def _drop_closed(starts: np.ndarray, kinds: np.ndarray, index: np.ndarray, ends: np.ndarray,
