@@ -240,7 +240,10 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
               precision_us={}, category_us={},
               phase_us={FORWARD: 0.0, BACKWARD: 0.0, OPTIMIZER_PHASE: 0.0}, phase_known=False,
               windows=[], sim_kernels=[], sim_counts=[])
+    # locals, not attribute lookups, in the one loop over every activity
     totals, kernels, sim_kernels = t.totals, t.kernels, t.sim_kernels
+    category_us, precision_us, phase_us = t.category_us, t.precision_us, t.phase_us
+    phase_known = False
     for acts in per_window:
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
@@ -252,7 +255,7 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
             dur = a.dur_us
             busy_iv.append((a.start_us, a.start_us + dur))
             cat = cls.category
-            t.category_us[cat] = t.category_us.get(cat, 0.0) + dur
+            category_us[cat] = category_us.get(cat, 0.0) + dur
             if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
                 totals["memory"] += dur
                 bd["memory"] += dur
@@ -274,10 +277,10 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
                 else:
                     bd["non_tc_compute"] += dur
             if a.kind == KERNEL and cat not in COMPUTE_EXCLUDED:
-                t.precision_us[precision] = t.precision_us.get(precision, 0.0) + dur
+                precision_us[precision] = precision_us.get(precision, 0.0) + dur
             if ctx is not None and ctx.phase is not None:
-                t.phase_known = True
-                t.phase_us[ctx.phase] += dur
+                phase_known = True
+                phase_us[ctx.phase] += dur
             k = kernels.get((a.kind, a.name))
             if k is None:
                 k = kernels[(a.kind, a.name)] = _new_kernel_row(a, cls, precision, eligible)
@@ -299,6 +302,7 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
                          or cat in ("gemm", "conv", "attention")))
         t.sim_counts.append(len(sim_kernels))
         t.windows.append(WindowTally(bd, Coverage(busy_iv)))
+    t.phase_known = phase_known
     return t
 
 
