@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..store.layout import MFU_TAG, MODEL_TFLOPS_TAG  # a leaf module: names only
+
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU and math precision, from NVIDIA's datasheets
 # (docs/metrics.md lists the source of each row). "fp32" is the CUDA-core (SIMT) rate; the
 # others are Tensor Core rates. The first pattern matching ``system.gpu_name`` wins, so more
@@ -160,10 +162,10 @@ def throughput_scalars(report: dict[str, Any], iteration_ms: float) -> dict[str,
     if not flops or not iteration_ms or iteration_ms <= 0:
         return {}
     tflops = flops / (iteration_ms * 1e-3) / 1e12
-    out = {"gpuprof/model_tflops": tflops}
+    out = {MODEL_TFLOPS_TAG: tflops}
     peak = section.get("peak_tflops")
     if peak:
-        out["gpuprof/mfu_pct"] = 100.0 * tflops / peak
+        out[MFU_TAG] = 100.0 * tflops / peak
     return out
 
 

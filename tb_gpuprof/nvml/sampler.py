@@ -5,7 +5,8 @@
         print(sampler.unavailable_reason)
     ...                                  # training
     samples = sampler.drain()            # since the last drain, thread-safe
-    writer.add_scalars({f"gpuprof/{k}": v for k, v in sampler.scalars(samples).items()}, step)
+    writer.add_scalars({layout.scalar_tag(k): v for k, v in sampler.scalars(samples).items()},
+                       step)
     report_telemetry = sampler.window_summary(samples)
     sampler.stop()
 

@@ -11,7 +11,6 @@ import dataclasses
 import gzip
 import json
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -24,7 +23,7 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 
 from ..errors import GpuProfError
-from ..store import schema
+from ..store import layout, schema
 from .views import KernelIndex
 
 SCALARS_PLUGIN = "scalars"
@@ -33,14 +32,6 @@ DEFAULT_BLOB_SAMPLES = 100
 REPORT_CACHE_SIZE = 16
 TIMELINE_CACHE_SIZE = 2  # indexes of a 1M-event window take a few hundred MB each
 ACTIVE_CACHE_SECS = 10.0
-_TRACE_DIR_RE = re.compile(r"^step_(\d+)(?:\.rank(\d+))?$")
-_RANK_RUN_RE = re.compile(r"^(?:(.+)/)?rank(\d+)$")  # the sub-run a rank r > 0 writes into
-
-
-def _rank_sub_run(name: str) -> tuple[str, int] | None:
-    """(parent run, rank) of a rank's sub-run name ("ddp/rank1"; "rank1" under run ".")."""
-    m = _RANK_RUN_RE.match(name)
-    return (m.group(1) or ".", int(m.group(2))) if m else None
 
 
 class HttpError(Exception):
@@ -88,7 +79,7 @@ class CachedReport:
 
 
 class GpuProfPlugin(base_plugin.TBPlugin):
-    plugin_name = schema.PLUGIN_NAME
+    plugin_name = layout.PLUGIN_NAME
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._provider = context.data_provider
@@ -111,7 +102,7 @@ class GpuProfPlugin(base_plugin.TBPlugin):
         return make_apps(self)
 
     def data_plugin_names(self) -> tuple[str, ...]:
-        return (schema.PLUGIN_NAME,)
+        return (layout.PLUGIN_NAME,)
 
     def is_active(self) -> bool:
         """Only asked when no run has gpuprof blobs: a run with gpuprof scalars only."""
@@ -137,7 +128,7 @@ class GpuProfPlugin(base_plugin.TBPlugin):
                                               run_tag_filter=filt)
         out = {}
         for r, tags in listing.items():
-            mine = sorted(t for t in tags if t.startswith("gpuprof/"))
+            mine = sorted(t for t in tags if layout.is_gpuprof_tag(t))
             if mine:
                 out[r] = mine
         return out
@@ -145,14 +136,14 @@ class GpuProfPlugin(base_plugin.TBPlugin):
     def blob_series(self, ctx: Any, eid: str, run: str | None = None) -> dict[str, dict[str, Any]]:
         filt = provider.RunTagFilter(runs=[run]) if run is not None else None
         return self._provider.list_blob_sequences(ctx, experiment_id=eid,
-                                                  plugin_name=schema.PLUGIN_NAME,
+                                                  plugin_name=layout.PLUGIN_NAME,
                                                   run_tag_filter=filt)
 
     @staticmethod
     def report_refs(run: str, series: dict[str, Any]) -> list[ReportRef]:
         refs = []
         for tag, ts in series.items():
-            parsed = schema.parse_report_tag(tag)
+            parsed = layout.parse_report_tag(tag)
             if parsed is not None:
                 refs.append(ReportRef(run, tag, parsed[0], parsed[1], ts.max_wall_time,
                                       ts.plugin_content))
@@ -177,8 +168,8 @@ class GpuProfPlugin(base_plugin.TBPlugin):
                             for r in refs],
                 "scalar_tags": tags,
                 "has_trace": self.trace_root(run) is not None,
-                "has_telemetry": (any(schema.is_telemetry_scalar(t) for t in tags)
-                                  or schema.TOPOLOGY_TAG in series),
+                "has_telemetry": (any(layout.is_telemetry_scalar(t) for t in tags)
+                                  or layout.TOPOLOGY_TAG in series),
                 "error": error,
             })
         return out
@@ -214,14 +205,14 @@ class GpuProfPlugin(base_plugin.TBPlugin):
         may name the base run or any rank's sub-run. Default step: the latest one of rank 0.
         """
         blobs = self.blob_series(ctx, eid)
-        parent = _rank_sub_run(run)
+        parent = layout.parse_rank_run_name(run)
         base = parent[0] if parent and parent[0] in blobs else run
         if base not in blobs:
             self.known_run(ctx, eid, run)
             raise HttpError(404, f"run {run!r} has no gpuprof report (only scalars or other data)")
         refs = list(self.report_refs(base, blobs[base]))
         for name, series in blobs.items():
-            sub = _rank_sub_run(name)
+            sub = layout.parse_rank_run_name(name)
             if sub and sub[0] == base:
                 # a report stored without a rank tag in rank r's sub-run is rank r's
                 refs.extend(ref if ref.rank else dataclasses.replace(ref, rank=sub[1])
@@ -293,8 +284,8 @@ class GpuProfPlugin(base_plugin.TBPlugin):
 
     def read_blobs(self, ctx: Any, eid: str, run: str, tag: str) -> list[Any]:
         result = self._provider.read_blob_sequences(
-            ctx, experiment_id=eid, plugin_name=schema.PLUGIN_NAME,
-            downsample=self._hints.get(schema.PLUGIN_NAME, DEFAULT_BLOB_SAMPLES),
+            ctx, experiment_id=eid, plugin_name=layout.PLUGIN_NAME,
+            downsample=self._hints.get(layout.PLUGIN_NAME, DEFAULT_BLOB_SAMPLES),
             run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]))
         return list(result.get(run, {}).get(tag, []))
 
@@ -323,23 +314,16 @@ class GpuProfPlugin(base_plugin.TBPlugin):
 
     def _run_dir(self, run: str) -> str | None:
         """The run's directory inside the log directory, or None if it would leave it."""
-        if not self._logdir or "\0" in run or os.path.isabs(run):
+        if not self._logdir:
             return None
-        parts = run.split("/")
-        if any(p == ".." for p in parts):
-            return None
-        root = os.path.realpath(self._logdir)
-        run_dir = os.path.realpath(os.path.join(root, *parts))
-        if os.path.commonpath([root, run_dir]) != root:
-            return None
-        return run_dir
+        return layout.safe_join(self._logdir, *run.split("/"))
 
     def trace_root(self, run: str) -> str | None:
         run_dir = self._run_dir(run)
         if run_dir is None:
             return None
-        root = os.path.join(run_dir, *schema.TRACES_SUBDIR)
-        return root if os.path.isdir(root) and _inside(root, run_dir) else None
+        root = layout.safe_join(run_dir, *layout.TRACES_SUBDIR)
+        return root if root is not None and os.path.isdir(root) else None
 
     def trace_file(self, run: str, step: int | None, rank: int | None) -> str:
         """Path of the raw trace of a run's window; HttpError 404 when there is none."""
@@ -348,20 +332,22 @@ class GpuProfPlugin(base_plugin.TBPlugin):
             raise HttpError(404, f"run {run!r} has no raw traces")
         windows = []
         for name in os.listdir(root):
-            m = _TRACE_DIR_RE.match(name)
-            if m:
-                windows.append((int(m.group(1)), int(m.group(2) or 0), name))
+            parsed = layout.parse_trace_dir_name(name)
+            if parsed:
+                windows.append((*parsed, name))
         if step is None and windows:
             step = max(w[0] for w in windows)
         matching = sorted(w for w in windows
                           if w[0] == step and (rank is None or w[1] == rank))
         for _, _, name in matching:
-            window_dir = os.path.join(root, name)
+            window_dir = layout.safe_join(root, name)
+            if window_dir is None or not os.path.isdir(window_dir):
+                continue
             for entry in sorted(os.listdir(window_dir)):
                 path = os.path.join(window_dir, entry)
                 # Regular files only (no symlinks), never a copy in progress.
-                if (not entry.endswith(".tmp") and os.path.isfile(path)
-                        and not os.path.islink(path) and _inside(path, root)):
+                if (not entry.endswith(".tmp") and not os.path.islink(path)
+                        and os.path.isfile(path) and layout.safe_join(root, name, entry)):
                     return path
         raise HttpError(404, f"run {run!r} has no raw trace for step {step}")
 
@@ -384,8 +370,3 @@ class GpuProfPlugin(base_plugin.TBPlugin):
                     self._timelines.popitem(last=False)
             self._timelines.move_to_end(key)
             return index
-
-
-def _inside(path: str, root: str) -> bool:
-    real_root = os.path.realpath(root)
-    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root

@@ -21,7 +21,7 @@ from werkzeug import Response, wrappers
 from werkzeug.wsgi import wrap_file
 
 from ..errors import GpuProfError
-from ..store import schema
+from ..store import layout
 from . import views
 from .fallback import FALLBACK_MODULE
 from .plugin import GpuProfPlugin, HttpError
@@ -75,7 +75,8 @@ def _wrap(plugin: GpuProfPlugin, handler: Handler) -> Callable:
 
 
 def _runs(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
-    return {"runs": plugin.runs(ctx, eid)}
+    # The tag names the dashboard reads: the server owns them (store/layout.py).
+    return {"runs": plugin.runs(ctx, eid), "tags": layout.DASHBOARD_TAGS}
 
 
 def _ref(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str, run: str):
@@ -127,14 +128,14 @@ def _telemetry(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: 
     run = _required(request, "run")
     plugin.known_run(ctx, eid, run)
     tags = [t for t in plugin.scalar_tags(ctx, eid, run).get(run, [])
-            if schema.is_telemetry_scalar(t)]
+            if layout.is_telemetry_scalar(t)]
     series = {}
     if tags:
         for tag, points in plugin.read_scalars(ctx, eid, run, tags).items():
-            series[tag.removeprefix("gpuprof/")] = points
+            series[layout.scalar_name(tag)] = points
     topology = None
-    if schema.TOPOLOGY_TAG in plugin.blob_series(ctx, eid, run).get(run, {}):
-        topology = plugin.latest_json(ctx, eid, run, schema.TOPOLOGY_TAG)
+    if layout.TOPOLOGY_TAG in plugin.blob_series(ctx, eid, run).get(run, {}):
+        topology = plugin.latest_json(ctx, eid, run, layout.TOPOLOGY_TAG)
     return {"run": run, "series": series, "topology": topology}
 
 
@@ -205,11 +206,8 @@ def _static_file(rel: str) -> str | None:
     parts = [p for p in rel.split("/") if p]
     if not parts or any(p in (".", "..") or p.startswith(".") or "\\" in p for p in parts):
         return None
-    root = os.path.realpath(STATIC_DIR)
-    path = os.path.realpath(os.path.join(root, *parts))
-    if os.path.commonpath([root, path]) != root or not os.path.isfile(path):
-        return None
-    return path
+    path = layout.safe_join(STATIC_DIR, *parts)
+    return path if path is not None and os.path.isfile(path) else None
 
 
 def _send(request: wrappers.Request, path: str) -> Response:
@@ -234,7 +232,7 @@ def _index_js(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: s
 
 
 def _static(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
-    prefix = f"/data/plugin/{schema.PLUGIN_NAME}/"
+    prefix = f"/data/plugin/{layout.PLUGIN_NAME}/"
     rel = request.path.split(prefix, 1)[1] if prefix in request.path else ""
     rel = rel.removeprefix("static/")
     path = _static_file(rel)

@@ -6,8 +6,8 @@ import os
 import re
 
 from ..errors import GpuProfError
+from .layout import ITERATION_TIME_TAG, safe_join
 from .reader import event_files
-from .schema import ITERATION_TIME_TAG
 from .writer import EventWriter, save_raw_trace
 
 _TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json",
@@ -28,9 +28,8 @@ def resolve_run_dir(logdir: str, run: str) -> str:
     parts = run.replace("\\", "/").split("/")
     if not run or os.path.isabs(run) or any(p in ("", ".", "..") for p in parts) or "\0" in run:
         raise GpuProfError(f"invalid run name {run!r}: use a relative name without '..'")
-    root = os.path.realpath(logdir)
-    run_dir = os.path.realpath(os.path.join(root, *parts))
-    if os.path.commonpath([root, run_dir]) != root or run_dir == root:
+    run_dir = safe_join(logdir, *parts)
+    if run_dir is None or run_dir == os.path.realpath(logdir):
         raise GpuProfError(f"invalid run name {run!r}: it leads outside {logdir}")
     return run_dir
 
