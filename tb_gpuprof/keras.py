@@ -97,7 +97,6 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._mem_probe: Any = None
         self._lock = threading.Condition()
         self._spe = 1
-        self._epoch = 0
         self._boundary = True
         self._last: _Exec | None = None
         self._pending: dict[int, _Exec] = {}  # batch index -> execution, this epoch
@@ -165,7 +164,6 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._start_flush_thread()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch += 1
         self._boundary = True
         self._pending.clear()  # Keras flushed the last epoch's batch ends before epoch end
 

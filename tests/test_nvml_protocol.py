@@ -95,3 +95,17 @@ def test_a_protocol_only_backend_drives_the_sampler_and_topology():
     assert topo["matrix"][0][1] == "NODE"
     sampler.stop()
     assert not backend.opened
+
+
+@pytest.mark.skipif(not RECORDING.exists(), reason="H200 NVML recording not present")
+def test_every_metric_the_sampler_produces_is_declared():
+    from tb_gpuprof.nvml.fields import METRICS
+
+    declared = {m.name for m in METRICS}
+    sampler = NvmlSampler(backend=ReplayBackend(RECORDING), cuda_visible_devices="0")
+    assert sampler.open()
+    samples = [s for _ in range(5) for s in sampler.sample_once()]
+    produced = {name for s in samples for name in s.values}
+    produced |= {k.split("/", 1)[1] for k in sampler.scalars(samples)}
+    sampler.stop()
+    assert produced and produced <= declared, produced - declared

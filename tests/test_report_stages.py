@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tb_gpuprof.analysis import stages
+from tb_gpuprof.analysis.bottleneck import host_timeline, is_sync_call
 from tb_gpuprof.analysis.iterations import IterationWindow
 from tb_gpuprof.errors import EmptyProfileError
 from tb_gpuprof.model import DATALOADER, KERNEL, Profile
@@ -158,7 +159,8 @@ def test_kernel_class_reads_precision_from_op_input_types():
 def test_idle_attribution_sums_to_the_idle_time(case):
     prof = _load(case)
     sel, _, _, tally = _run_to_tally(prof)
-    idle = stages.attribute_idle(prof, sel.windows, tally.windows)
+    idle = stages.attribute_idle(prof, sel.windows, tally.windows,
+                                 host_timeline(prof).blocking)
     assert len(idle.items) == len(sel.windows)
     for it, w in zip(idle.items, sel.windows, strict=True):
         assert it["gpu_busy_ms"] + it["breakdown_ms"]["idle"] == pytest.approx(
@@ -173,7 +175,8 @@ def test_idle_while_the_dataloader_ran_is_charged_to_data_loading():
     sel, _, _, tally = _run_to_tally(prof)
     loader = [x for x in prof.annotations if x.kind == DATALOADER and not x.on_gpu]
     assert loader
-    idle = stages.attribute_idle(prof, sel.windows, tally.windows)
+    idle = stages.attribute_idle(prof, sel.windows, tally.windows,
+                                 host_timeline(prof).blocking)
     loading = idle.idle_attribution_us["data_loading"]
     assert loading > 0
     # never more than the loader's own time inside the analysed iterations
@@ -208,7 +211,8 @@ def test_tensor_core_and_breakdown_sections_add_up():
     tc = stages.tensor_core_section(tally.totals, table.gpu_time_us)
     assert tc["tc_pct"] + tc["eligible_not_tc_pct"] + tc["other_pct"] + tc["memory_pct"] \
         == pytest.approx(100.0, abs=0.01)
-    idle = stages.attribute_idle(prof, sel.windows, tally.windows)
+    idle = stages.attribute_idle(prof, sel.windows, tally.windows,
+                                 host_timeline(prof).blocking)
     bd = stages.breakdown_section(sel.windows, idle, tally.totals)
     assert bd["gpu_busy_us"] + bd["idle_us"] == pytest.approx(bd["wall_us"], abs=1.0)
     it = stages.iterations_section(sel, idle.items, None)
@@ -219,7 +223,8 @@ def test_tensor_core_and_breakdown_sections_add_up():
 def test_iterations_section_warns_when_the_profiler_slowed_the_window():
     prof = _load("resnet50_tf32")
     sel, _, _, tally = _run_to_tally(prof)
-    idle = stages.attribute_idle(prof, sel.windows, tally.windows)
+    idle = stages.attribute_idle(prof, sel.windows, tally.windows,
+                                 host_timeline(prof).blocking)
     median = stages.iterations_section(sel, idle.items, None)["median_ms"]
     assert not sel.warnings
     sec = stages.iterations_section(sel, idle.items, {"median_ms": median / 2, "source": "hook"})
@@ -231,7 +236,8 @@ def test_iterations_section_warns_when_the_profiler_slowed_the_window():
 def test_bottleneck_stage_ranks_the_host_sync_sites():
     prof = _load("host_sync")
     sel, _, linked, _ = _run_to_tally(prof)
-    sec, host = stages.bottleneck_stage(prof, linked, sel.windows, None, "pytorch")
+    host = host_timeline(prof)
+    sec = stages.bottleneck_stage(prof, linked, sel.windows, host, None, "pytorch")
     sites = sec["sync_sites"]
     assert sites and len(sites) <= 5
     blocked = [s["blocked_ms_per_iteration"] for s in sites]
@@ -248,11 +254,29 @@ def test_savings_stage_orders_by_estimated_saving():
     recs = [dict(r) for r in rep["recommendations"]]
     assert recs
     prof = h200.profile("resnet50_fp32")
-    sel, _, linked, tally = _run_to_tally(prof)
-    _, host = stages.bottleneck_stage(prof, linked, sel.windows, None, "pytorch")
+    sel, _, _, tally = _run_to_tally(prof)
+    host = host_timeline(prof)
     shuffled = {**rep, "recommendations": list(reversed(recs))}
     unprofiled = stages.unprofiled_median(h200.env("resnet50_fp32").get("unprofiled"))
     stages.savings_stage(shuffled, prof, tally, host, sel.windows, unprofiled)
     savings = [r["estimated_saving_ms"] or 0.0 for r in shuffled["recommendations"]]
     assert savings == sorted(savings, reverse=True)
     assert stages.window_replay(prof, [], host, sel.windows) is None
+
+
+def test_async_copies_and_stream_waits_are_not_host_syncs():
+    prof = load_profile(h200.LOOPS / "pinned.json.gz")  # non_blocking copies from pinned memory
+    blocking = host_timeline(prof).blocking
+    causes = dict(stages._idle_coverages(prof, blocking))
+    sync, launch = causes["synchronization"], causes["launch_overhead"]
+    real_syncs = [(r.start_us, r.start_us + r.dur_us) for r in prof.runtime
+                  if is_sync_call(r.name, r.correlation, blocking)]
+    asyncs = [r for r in prof.runtime
+              if r.name.startswith(("cudaMemcpyAsync", "cudaStreamWaitEvent"))
+              and not is_sync_call(r.name, r.correlation, blocking)]
+    assert asyncs  # the loop's input copies
+    for r in asyncs:
+        s, e = r.start_us, r.start_us + r.dur_us
+        if not any(a < e and s < b for a, b in real_syncs):
+            assert sync.overlap(s, e) == 0.0, r.name
+        assert launch.overlap(s, e) == pytest.approx(r.dur_us, abs=1e-2)  # float timestamps

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import REPORT_SCHEMA_VERSION, __version__
 from ..model import Profile
+from .bottleneck import host_timeline
 from .distributed import communication_section
 from .rules import recommend
 from .schema import check_built_report
@@ -49,11 +50,12 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     sel = select_iterations(profile, key, iter_start, iter_stop)
     linked = assign_to_iterations(profile, sel.windows)
     tally = tally_activities(linked.per_window)
-    idle = attribute_idle(profile, sel.windows, tally.windows)
+    host = host_timeline(profile)  # what the host threads did: idle, bottleneck and savings read it
+    idle = attribute_idle(profile, sel.windows, tally.windows, host.blocking)
     system = _system(profile, env)
     unprofiled_ms = unprofiled_median(unprofiled)
-    bottleneck, host = bottleneck_stage(profile, linked, sel.windows, unprofiled_ms,
-                                        system.get("framework"))
+    bottleneck = bottleneck_stage(profile, linked, sel.windows, host, unprofiled_ms,
+                                  system.get("framework"))
     report = _assemble(profile, sel, tally, kernel_table(tally, linked.op_flops),
                        iterations_section(sel, idle.items, unprofiled),
                        breakdown_section(sel.windows, idle, tally.totals), system, bottleneck,

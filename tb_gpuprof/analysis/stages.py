@@ -22,7 +22,6 @@ from .bottleneck import (
     HostTimeline,
     bottleneck_section,
     gpu_intervals,
-    host_timeline,
     is_sync_call,
     iteration_shares,
 )
@@ -38,9 +37,6 @@ from .whatif import GPU_BOUND_HOST_SCALE, Replay, SimKernel, build_replay, calib
 MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
 COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
-SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-              "cudaStreamWaitEvent")
 IDLE_CAUSES = ("data_loading", "cpu_ops", "launch_overhead", "synchronization", "other")
 _DTYPE_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32",
                     "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
@@ -308,23 +304,31 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
 
 # --- stage 4: idle attribution ----------------------------------------------------------------
 
-def _idle_coverages(profile: Profile) -> list[tuple[str, Coverage]]:
-    """What the host may have been doing while the GPU idled, in the order gaps are charged."""
+def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Coverage]]:
+    """What the host may have been doing while the GPU idled, in the order gaps are charged.
+
+    A runtime call is a synchronization when the bottleneck analysis calls it one
+    (bottleneck.is_sync_call: the host-blocking sync calls, blocking memcpy by exact name and
+    pageable device-to-host copies), so ``cudaMemcpyAsync`` and the GPU-side
+    ``cudaStreamWaitEvent`` are launch overhead, not a host sync."""
     dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
                        if x.kind == DATALOADER and not x.on_gpu])
-    sync_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                         if r.name.startswith(SYNC_CALLS)])
-    launch_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                           if not r.name.startswith(SYNC_CALLS)])
+    sync_iv: list[tuple[float, float]] = []
+    launch_iv: list[tuple[float, float]] = []
+    for r in profile.runtime:
+        iv = (r.start_us, r.start_us + r.dur_us)
+        (sync_iv if is_sync_call(r.name, r.correlation, blocking) else launch_iv).append(iv)
+    sync_cov, launch_cov = Coverage(sync_iv), Coverage(launch_iv)
     cpu_cov = Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
     return [("data_loading", dl_cov), ("synchronization", sync_cov),
             ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)]
 
 
-def attribute_idle(profile: Profile, windows: list[IterationWindow],
-                   tallies: list[WindowTally]) -> IdleStage:
-    """Each iteration's row (wall, busy, breakdown, idle) and the idle time by host cause."""
-    causes = _idle_coverages(profile)
+def attribute_idle(profile: Profile, windows: list[IterationWindow], tallies: list[WindowTally],
+                   blocking: set[int]) -> IdleStage:
+    """Each iteration's row (wall, busy, breakdown, idle) and the idle time by host cause;
+    ``blocking``: the correlations of blocking copies (``HostTimeline.blocking``)."""
+    causes = _idle_coverages(profile, blocking)
     idle_attr = dict.fromkeys(IDLE_CAUSES, 0.0)
     items: list[dict[str, Any]] = []
     for w, wt in zip(windows, tallies, strict=True):
@@ -472,10 +476,9 @@ def phases_section(tally: Tally, gpu_time: float, n_windows: int) -> dict[str, A
 
 
 def bottleneck_stage(profile: Profile, linked: Linked, windows: list[IterationWindow],
-                     unprofiled_ms: float | None,
-                     framework: str | None) -> tuple[dict[str, Any], HostTimeline]:
-    """The ``bottleneck`` section (with its sync sites) and the host timeline it read, which
-    the savings stage replays."""
+                     host: HostTimeline, unprofiled_ms: float | None,
+                     framework: str | None) -> dict[str, Any]:
+    """The ``bottleneck`` section with its sync sites (``host``: bottleneck.host_timeline)."""
     comm_names: dict[str, bool] = {}
 
     def is_comm(name: str) -> bool:
@@ -485,12 +488,11 @@ def bottleneck_stage(profile: Profile, linked: Linked, windows: list[IterationWi
         return v
 
     gpu_cov = gpu_intervals(profile, is_comm)
-    host = host_timeline(profile)
     shares = [iteration_shares(w.start_us, w.end_us, gpu_cov, host) for w in windows]
     section = bottleneck_section(shares, [w.step for w in windows], [w.wall_us for w in windows],
                                  unprofiled_ms=unprofiled_ms, framework=framework)
     section["sync_sites"] = sync_sites(profile, linked.launches, windows, host.blocking)
-    return section, host
+    return section
 
 
 def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
