@@ -3,6 +3,7 @@ the Protocol drives the real sampler and topology (so the Protocol is all they n
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +98,35 @@ def test_a_protocol_only_backend_drives_the_sampler_and_topology():
     assert not backend.opened
 
 
+def _produced(sampler: NvmlSampler, pause_s: float = 0.0) -> set[str]:
+    assert sampler.open()
+    samples = []
+    for _ in range(4):
+        samples += sampler.sample_once()
+        time.sleep(pause_s)
+    sampler.stop()
+    produced = {name for s in samples for name in s.values}
+    return produced | {k.split("/", 1)[1] for k in sampler.scalars(samples)}
+
+
 @pytest.mark.skipif(not RECORDING.exists(), reason="H200 NVML recording not present")
-def test_every_metric_the_sampler_produces_is_declared():
+def test_every_metric_the_replayed_h200_produces_is_declared():
     from tb_gpuprof.nvml.fields import METRICS
 
+    produced = _produced(NvmlSampler(backend=ReplayBackend(RECORDING), cuda_visible_devices="0"))
+    assert produced and produced <= {m.name for m in METRICS}, produced - {m.name for m in METRICS}
+
+
+def test_every_metric_the_real_backend_produces_is_declared(monkeypatch):
+    """NvmlBackend over a fake libnvidia-ml answering every field and GPM metric."""
+    from tb_gpuprof.nvml.fields import GPM_METRICS, METRICS
+    from tests.nvml_fake import FakeGpu, FakeNvml
+
+    FakeNvml([FakeGpu("GPU-aaaa-1111", "00000000:18:00.0")]).install(monkeypatch)
+    # GPM rates need two samples >= 100 ms apart (backend.GPM_MIN_INTERVAL_S)
+    produced = _produced(NvmlSampler(backend=NvmlBackend(), cuda_visible_devices="0"), 0.11)
     declared = {m.name for m in METRICS}
-    sampler = NvmlSampler(backend=ReplayBackend(RECORDING), cuda_visible_devices="0")
-    assert sampler.open()
-    samples = [s for _ in range(5) for s in sampler.sample_once()]
-    produced = {name for s in samples for name in s.values}
-    produced |= {k.split("/", 1)[1] for k in sampler.scalars(samples)}
-    sampler.stop()
-    assert produced and produced <= declared, produced - declared
+    assert produced <= declared, produced - declared
+    assert {"sm_util_pct", "power_w"} <= produced
+    gpm = set(GPM_METRICS.values()) & produced
+    assert {"sm_active_pct", "tensor_active_pct", "dram_bw_pct"} <= gpm  # GPM went through
