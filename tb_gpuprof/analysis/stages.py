@@ -22,6 +22,7 @@ from .bottleneck import (
     HostTimeline,
     bottleneck_section,
     gpu_intervals,
+    is_host_sync,
     is_sync_call,
     iteration_shares,
 )
@@ -315,9 +316,13 @@ def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Cov
                        if x.kind == DATALOADER and not x.on_gpu])
     sync_iv: list[tuple[float, float]] = []
     launch_iv: list[tuple[float, float]] = []
+    host_sync: dict[str, bool] = {}  # by name: a trace has few distinct runtime call names
     for r in profile.runtime:
+        is_sync = host_sync.get(r.name)
+        if is_sync is None:
+            is_sync = host_sync[r.name] = is_host_sync(r.name)
         iv = (r.start_us, r.start_us + r.dur_us)
-        (sync_iv if is_sync_call(r.name, r.correlation, blocking) else launch_iv).append(iv)
+        (sync_iv if is_sync or r.correlation in blocking else launch_iv).append(iv)
     sync_cov, launch_cov = Coverage(sync_iv), Coverage(launch_iv)
     cpu_cov = Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
     return [("data_loading", dl_cov), ("synchronization", sync_cov),
