@@ -25,6 +25,7 @@ _WRAPPER_PREFIXES = ("autograd::", "Optimizer.", "ProfilerStep", "enumerate(Data
 class LaunchContext:
     launch_us: float
     op: str | None  # the op shown to users: outermost framework op (aten::linear, not aten::mm)
+    inner_op: str | None  # the op that launched it (aten::mm)
     eligible: bool  # some enclosing op is Tensor-Core eligible
     phase: str | None
     flop_op: int | None  # index into profile.cpu_ops of the enclosing op that carries FLOPs
@@ -103,7 +104,7 @@ def link_launches(profile: Profile, is_eligible
                 if cached[-1] is not None:
                     in_optimizer[call.correlation] = cached[-1]
                 continue
-            outer = None
+            outer = inner = None
             saw_op = False
             flop_op = None
             is_elig = False
@@ -131,6 +132,7 @@ def link_launches(profile: Profile, is_eligible
                 if not name.startswith(_WRAPPER_PREFIXES):
                     if outer is None:
                         outer = name
+                    inner = name
                     if op.input_types:
                         types = op.input_types
                 if op.stack and source is None:
@@ -143,7 +145,7 @@ def link_launches(profile: Profile, is_eligible
                 phase = OPTIMIZER_PHASE
             if not saw_op and phase == FORWARD:
                 phase = None  # no framework op around the launch (XLA, raw CUDA): unknown
-            cached = (outer, is_elig, phase, flop_op, types, source, opt_range)
+            cached = (outer, inner, is_elig, phase, flop_op, types, source, opt_range)
             out[call.correlation] = LaunchContext(call.start_us, *cached[:-1])
             if opt_range is not None:
                 in_optimizer[call.correlation] = opt_range
