@@ -67,15 +67,3 @@ def test_a_registered_reader_needs_no_other_change(tmp_path, monkeypatch):
     rep = build_report(prof)
     assert rep["source"]["format"] == "steps-csv"
     assert rep["iterations"]["count"] == 4 and rep["kernels"][0]["count"] == 4
-
-
-def test_what_a_format_implies_goes_into_the_model_not_the_analysis():
-    kineto = readers.reader_for("kineto")
-    assert ("framework", "pytorch") in kineto.implies
-    path = DATA / "kineto_transformer_bf16_h200.json.gz"
-    prof = readers.load_profile(path)
-    assert prof.metadata["framework"] == "pytorch"
-    assert build_report(prof)["system"]["framework"] == "pytorch"
-    # the analysis itself no longer guesses from the format's name
-    bare = Profile("x.json", "kineto", gpu=[GpuActivity("kernel", "volta_sgemm_128x64_nn", 0, 5)])
-    assert build_report(bare)["system"]["framework"] is None

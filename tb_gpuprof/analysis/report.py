@@ -115,7 +115,7 @@ def _cuda_version(v: Any) -> str | None:
 
 def _system(profile: Profile, env: dict[str, Any] | None) -> dict[str, Any]:
     md = profile.metadata
-    framework = md.get("framework")  # the reader's registry entry fills what its format implies
+    framework = md.get("framework") or ("pytorch" if profile.format == "kineto" else None)
     system: dict[str, Any] = {"gpu_name": None, "compute_capability": None, "num_sms": None,
                               "gpu_memory_bytes": None,
                               "cuda_runtime": md.get("cuda_runtime")

@@ -14,7 +14,6 @@ import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import TraceReadError, UnknownFormatError
 from ..model import Profile
@@ -38,28 +37,20 @@ class Reader:
     read: str | Callable[[str], Profile]
     by_name_only: bool = False
     gzip_ok: bool = True  # False: the format is never gzipped (SQLite), sniffed on raw bytes
-    # What every file of the format implies, into Profile.metadata unless the reader found
-    # otherwise: the analysis reads these facts, never the format's name.
-    implies: tuple[tuple[str, Any], ...] = ()
 
     def load(self, path: str) -> Profile:
         if callable(self.read):
-            profile = self.read(path)
-        else:
-            module, function = self.read.split(":")
-            reader: Callable[[str], Profile] = getattr(
-                importlib.import_module(f".{module}", __name__), function)
-            profile = reader(path)
-        for key, value in self.implies:
-            profile.metadata.setdefault(key, value)
-        return profile
+            return self.read(path)
+        module, function = self.read.split(":")
+        reader: Callable[[str], Profile] = getattr(
+            importlib.import_module(f".{module}", __name__), function)
+        return reader(path)
 
 
 READERS: list[Reader] = [
     Reader("nsys", lambda head, name: head.startswith(SQLITE_MAGIC), "nsys:read_nsys",
            gzip_ok=False),
-    Reader("kineto", lambda head, name: head.lstrip()[:1] in (b"{", b"["), "kineto:read_kineto",
-           implies=(("framework", "pytorch"),)),  # only torch.profiler writes Kineto JSON
+    Reader("kineto", lambda head, name: head.lstrip()[:1] in (b"{", b"["), "kineto:read_kineto"),
     Reader("xplane", lambda head, name: name.endswith((".xplane.pb", ".pb"))
            or head[:1] in (b"\x0a", b"\x12", b"\x1a"), "xplane:read_xplane", by_name_only=True),
 ]
