@@ -54,8 +54,8 @@ TOLERANCE_PCT = 15.0
 
 
 def stored(case: str) -> tuple[Path, dict[str, Any]]:
-    """Trace and env of a rung from tests/data (loops, then ladders)."""
-    for d in (LOOPS, LADDERS):
+    """Trace and env of a rung from tests/data (the ladders recorded by gpu/ladders.py)."""
+    for d in (LADDERS, LOOPS):
         env = d / f"{case}.env.json"
         if env.exists():
             trace = next(p for p in d.glob(f"{case}.*") if not p.name.endswith(".json"))
@@ -120,7 +120,7 @@ def main() -> None:
                             str(root)], check=False)
         rows = compare(lambda c: recorded(root, c), STEPS + HELD_OUT)
     else:
-        rows = compare(stored, STEPS)
+        rows = compare(stored, STEPS + HELD_OUT)
     print(f"{'ladder':15} {'step':34} {'measured':>17} {'predicted':>9} {'error':>7}  range "
           "of saving")
     within = held_within = held = 0

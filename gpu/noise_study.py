@@ -46,7 +46,7 @@ def one(cond: str, seconds: float) -> dict:
         torch.cuda.synchronize()
         blocks.append((time.perf_counter() - t0) * 100)
     med = statistics.median(blocks)
-    pairs = [b / a for a, b in zip(blocks[::2], blocks[1::2])]
+    pairs = [b / a for a, b in zip(blocks[::2], blocks[1::2], strict=False)]
     return {"cond": cond, "median_ms": round(med, 2), "min": round(min(blocks), 2),
             "max": round(max(blocks), 2), "n": len(blocks),
             "first_half_median": round(statistics.median(blocks[: len(blocks) // 2]), 2),

@@ -23,6 +23,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from .store import layout
+
 # The window's analysis child gets this long before it is killed (a huge trace takes minutes).
 CHILD_TIMEOUT_S = 3600.0
 # Un-profiled iteration periods the report is corrected with: at least this many, and when the
@@ -42,8 +44,7 @@ class GpuProfWarning(UserWarning):
 
 def nvml_scalar_tags(values: dict[str, float]) -> dict[str, float]:
     """NVML sampler scalars under the ``gpuprof/`` tag prefix, as floats."""
-    return {(k if k.startswith("gpuprof/") else f"gpuprof/{k}"): float(v)
-            for k, v in values.items()}
+    return {layout.scalar_tag(k): float(v) for k, v in values.items()}
 
 
 def gzip_copy(src: str, dest: str) -> str:
@@ -213,7 +214,7 @@ class HookCore:
         iteration, the window's FLOPs per iteration over its period (here, off the training
         thread)."""
         report = self.report
-        period = values.get("gpuprof/iteration_time_ms")
+        period = values.get(layout.ITERATION_TIME_TAG)
         if report is None or period is None or self.iter_stop is None or step < self.iter_stop:
             return values
         from .analysis.throughput import throughput_scalars
@@ -330,7 +331,7 @@ class HookCore:
             "env": self.env,
             "warnings": sorted(self._warned),
         }
-        self._writer.add_json("gpuprof/run_summary", summary, max(self.iteration - 1, 0))
+        self._writer.add_json(layout.RUN_SUMMARY_TAG, summary, max(self.iteration - 1, 0))
 
 
 def run_window_child(job: dict[str, Any]) -> dict[str, Any]:

@@ -188,7 +188,7 @@ def _report_ranks(traces: list[str], args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from .store.importer import import_trace
+    from .pipeline import import_trace
 
     run_dir = import_trace(args.trace, args.logdir, run=args.run, key=args.key)
     print(f"imported {args.trace} -> {run_dir}")

@@ -34,6 +34,7 @@ import keras
 
 from . import _keras_env
 from ._hookcore import GpuProfWarning, HookCore
+from .store import layout
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
 DRAIN_TIMEOUT_S = 120.0  # longest wait for an in-flight step at the window's edges
@@ -102,7 +103,6 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._mem_probe: Any = None
         self._lock = threading.Condition()
         self._spe = 1
-        self._epoch = 0
         self._boundary = True
         self._last: _Exec | None = None
         self._pending: dict[int, _Exec] = {}  # batch index -> execution, this epoch
@@ -170,7 +170,6 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._start_flush_thread()
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-        self._epoch += 1
         self._boundary = True
         self._pending.clear()  # Keras flushed the last epoch's batch ends before epoch end
 
@@ -271,13 +270,13 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             # Keras made the logs numbers before this call: the step's results exist, so
             # batch end to batch end is the true period (the host cannot have run ahead).
             self._periods.append((rec.g0, ms, False))
-            values = {"gpuprof/iteration_time_ms": ms}
+            values = {layout.ITERATION_TIME_TAG: ms}
             if self._mem_probe is not None and self._on.get("memory"):
                 try:
                     alloc, reserved = self._mem_probe()
-                    values["gpuprof/memory_allocated_peak_mb"] = alloc
+                    values[layout.MEMORY_ALLOCATED_PEAK_TAG] = alloc
                     if reserved is not None:
-                        values["gpuprof/memory_reserved_peak_mb"] = reserved
+                        values[layout.MEMORY_RESERVED_PEAK_TAG] = reserved
                     if self._window is not None:
                         self._window_mem.append(alloc)
                 except Exception as e:

@@ -26,7 +26,6 @@ STEP = "step"  # ProfilerStep#N, Keras/TF step markers, XPlane StepMarker
 OPTIMIZER = "optimizer"  # Optimizer.step#AdamW.step
 DATALOADER = "dataloader"  # enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__
 USER = "user"  # record_function / NVTX / tf.profiler.TraceMe ranges
-PHASE = "phase"  # forward / backward markers when a framework emits them
 
 
 class GpuActivity(msgspec.Struct, gc=False):

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import _torch_env
 from ._hookcore import GpuProfWarning, HookCore
+from .store import layout
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
 # (the GPU never lags that far behind in practice; this only bounds memory).
@@ -184,7 +185,7 @@ class GpuProfiler(HookCore):
             # curves (ranks sharing one run would write the same tags at the same steps), and
             # the Python loader follows every rank live (it stops reading a run's older event
             # files once a newer one appears). See docs/distributed.md.
-            self.run_dir = os.path.join(self.logdir, f"rank{rank}")
+            self.run_dir = layout.rank_run_dir(self.logdir, rank)
         # decided once, here: the events file and the stored trace take it as a parameter
         self.rank = rank if self.distributed["world_size"] > 1 else None
         w = self._want
@@ -389,17 +390,17 @@ class GpuProfiler(HookCore):
             self._periods.append((rec.step, period, from_gpu))
             if not self._on.get("scalars"):
                 continue
-            values = {"gpuprof/iteration_time_ms": period,
-                      "gpuprof/host_step_time_ms": rec.wall_ms}
+            values = {layout.ITERATION_TIME_TAG: period,
+                      layout.HOST_STEP_TIME_TAG: rec.wall_ms}
             if gpu_step_ms is not None:
-                values["gpuprof/gpu_step_time_ms"] = gpu_step_ms
+                values[layout.GPU_STEP_TIME_TAG] = gpu_step_ms
             if gpu_ms is not None:
-                values["gpuprof/gpu_time_ms"] = gpu_ms
+                values[layout.GPU_TIME_TAG] = gpu_ms
             if rec.data_ms is not None:
-                values["gpuprof/data_wait_ms"] = rec.data_ms
+                values[layout.DATA_WAIT_TAG] = rec.data_ms
             if rec.mem is not None:
-                values["gpuprof/memory_allocated_peak_mb"] = rec.mem[0]
-                values["gpuprof/memory_reserved_peak_mb"] = rec.mem[1]
+                values[layout.MEMORY_ALLOCATED_PEAK_TAG] = rec.mem[0]
+                values[layout.MEMORY_RESERVED_PEAK_TAG] = rec.mem[1]
             self._out.append((rec.step, rec.wall_time, values))
 
     # -- the window --------------------------------------------------------------------------

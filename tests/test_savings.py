@@ -6,6 +6,7 @@ import pytest
 
 from tb_gpuprof.analysis.intervals import Coverage
 from tb_gpuprof.analysis.savings import (
+    fix_amp,
     fix_compile,
     fix_host_sync,
     fix_input_pipeline,
@@ -104,3 +105,27 @@ def test_calibration_scales_host_time_to_the_unprofiled_period():
 def test_severity_follows_the_saving():
     assert [severity_for(p) for p in (45.0, 19.0, 9.0, 2.0)] == \
         ["high", "medium", "medium", "low"]
+
+
+def test_a_full_queue_keeps_the_front_end_gap_between_kernels():
+    # 40 GEMMs queued at once, each starting 3 us after the previous one ended: a GPU-bound
+    # replay keeps those gaps (0.12 ms of 4.2), so a 2x faster kernel does not halve the time
+    ks = [gemm(1.0 * i, 50.0 + 103.0 * i, 100.0) for i in range(40)]
+    r = replay(ks, framework=[(0, 40)])
+    assert r.gap_us == pytest.approx(3.0)
+    assert r.run(Fix()) == pytest.approx(50 + 40 * 103 - 3, rel=0.001)
+    half = r.run(Fix(kernel_factor=lambda k: 2.0))
+    assert half == pytest.approx(50 + 40 * 53 - 3, rel=0.001)
+
+
+def test_amp_speeds_up_fp32_tensor_core_attention_and_untyped_fp32_fusions():
+    attn = SimKernel(GpuActivity("kernel", "fmha_cutlassF_f32_aligned_64x64_rf_sm80", 0, 10),
+                     0.0, "attention", "fp32", True, True)
+    fusion = SimKernel(GpuActivity("kernel", "loop_multiply_fusion_3", 0, 10), 0.0,
+                       "elementwise", "unknown", False, False)
+    assert fix_amp(0).kernel_factor(attn) == SPEEDUPS["tf32_to_half_attention"][0]
+    # dtype-less kernels of a window that runs nothing in half precision are FP32 ...
+    assert fix_amp(0, unknown_is_fp32=True).kernel_factor(fusion) == \
+        SPEEDUPS["memory_half_elementwise"][0]
+    # ... and unknown otherwise: no gain claimed
+    assert fix_amp(0).kernel_factor(fusion) == 1.0

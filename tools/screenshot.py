@@ -7,7 +7,7 @@ a PNG. Needs Playwright (the Python package) and a Chromium (Debian's /usr/bin/c
 default; `--chromium` for another).
 
     python tools/screenshot.py LOGDIR docs/img/dashboard.png [--run RUN] [--view dashboard]
-                               [--width 1440] [--dark]
+                               [--width 1440] [--height H] [--dark]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import urllib.request
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-VIEWS = ("dashboard", "kernels", "roofline", "iterations", "gpu", "compare")
+VIEWS = ("dashboard", "kernels", "roofline", "iterations", "timeline", "memory", "gpu", "compare")
 URL_RE = re.compile(r"TensorBoard \S+ at (http://[^/\s]+)/")
 
 
@@ -70,12 +70,12 @@ def wait_for_run(base: str, run: str | None, timeout: float = 180.0) -> str:
 
 
 def capture(base: str, run: str, out: str, view: str, width: int, dark: bool,
-            chromium: str) -> None:
+            chromium: str, height: int | None = None) -> None:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        ctx = browser.new_context(viewport={"width": width, "height": 900},
+        ctx = browser.new_context(viewport={"width": width, "height": height or 900},
                                   color_scheme="dark" if dark else "light",
                                   device_scale_factor=1)
         page = ctx.new_page()
@@ -88,10 +88,11 @@ def capture(base: str, run: str, out: str, view: str, width: int, dark: bool,
         frame.click(f"nav.tabs button[data-tab={view}]")
         frame.wait_for_selector(f"[data-testid=view-{view}]", timeout=60_000)
         page.wait_for_timeout(1500)  # charts draw in effects after the first paint
-        content = frame.evaluate("document.documentElement.scrollHeight")
-        top = iframe.bounding_box()["y"]
-        page.set_viewport_size({"width": width, "height": int(top + content + 8)})
-        page.wait_for_timeout(800)  # charts resize to the new size
+        if height is None:  # the whole view; with --height: that first screen only
+            content = frame.evaluate("document.documentElement.scrollHeight")
+            top = iframe.bounding_box()["y"]
+            page.set_viewport_size({"width": width, "height": int(top + content + 8)})
+            page.wait_for_timeout(800)  # charts resize to the new size
         page.screenshot(path=out)
         browser.close()
 
@@ -103,6 +104,8 @@ def main() -> int:
     ap.add_argument("--run", default=None, help="run to show (default: the first readable)")
     ap.add_argument("--view", choices=VIEWS, default="dashboard")
     ap.add_argument("--width", type=int, default=1440)
+    ap.add_argument("--height", type=int, default=None,
+                    help="a first screen of this height (default: the whole view)")
     ap.add_argument("--dark", action="store_true", help="dark color scheme")
     ap.add_argument("--chromium", default="/usr/bin/chromium")
     args = ap.parse_args()
@@ -118,7 +121,8 @@ def main() -> int:
     proc, base = start_tensorboard(args.logdir, log_path)
     try:
         run = wait_for_run(base, args.run)
-        capture(base, run, args.out, args.view, args.width, args.dark, args.chromium)
+        capture(base, run, args.out, args.view, args.width, args.dark, args.chromium,
+                args.height)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -1,6 +1,6 @@
 // Route client. URLs are relative: TensorBoard's plugin_entry.html sets <base href="plugin/gpuprof/">,
 // so "runs" resolves to /data/plugin/gpuprof/runs (also behind a --path_prefix).
-import type { CompareAnswer, DistributedAnswer, KernelsPage, Point, Report, RunInfo, TelemetryAnswer } from "./types";
+import type { CompareAnswer, DistributedAnswer, KernelsPage, Point, Report, RunsAnswer, StorageTags, TelemetryAnswer } from "./types";
 
 export class ApiError extends Error {
   constructor(public status: number, message: string) {
@@ -53,8 +53,19 @@ export function clearCache(): void {
   cache.clear();
 }
 
+let serverTags: StorageTags | null = null;
+
+/** A tag name as the server's last /runs answer gave it (null before the first answer). */
+export function storageTag(name: keyof StorageTags): string | null {
+  return serverTags ? serverTags[name] : null;
+}
+
 export const api = {
-  runs: () => getJson<{ runs: RunInfo[] }>("runs", {}, false),
+  runs: async () => {
+    const answer = await getJson<RunsAnswer>("runs", {}, false);
+    serverTags = answer.tags ?? null;
+    return answer;
+  },
   report: (run: string, step: number | null) => getJson<Report>("report", { run, step }),
   scalars: (run: string, tag: string) =>
     getJson<{ run: string; tag: string; points: Point[] }>("scalars", { run, tag }),

@@ -35,6 +35,23 @@ export interface RunInfo {
   error: string | null;
 }
 
+// Tag names the dashboard reads, as the server names them (tb_gpuprof/store/layout.py
+// DASHBOARD_TAGS, sent with /runs): the frontend spells none of them itself.
+export interface StorageTags {
+  iteration_time: string;
+  host_step_time: string;
+  gpu_step_time: string;
+  data_wait: string;
+  model_tflops: string;
+  mfu: string;
+  topology: string;
+}
+
+export interface RunsAnswer {
+  runs: RunInfo[];
+  tags: StorageTags;
+}
+
 export type Point = [number, number, number]; // step, wall_time, value
 
 export interface KernelsPage {

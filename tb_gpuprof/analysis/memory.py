@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model import CpuOp, MemoryEvents, Profile
+from ..store.layout import MEMORY_ALLOCATED_PEAK_TAG, MEMORY_RESERVED_PEAK_TAG  # names only
 from .iterations import IterationWindow
 
 MAX_POINTS = 2000
@@ -32,8 +33,8 @@ ALLOCATION_PRIMITIVES = frozenset({
     "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
     "aten::new_empty_strided", "aten::resize_", "aten::zeros_like", "aten::empty.memory_format",
 })
-SCALAR_TAGS = {"allocated_peak_mb": "gpuprof/memory_allocated_peak_mb",
-               "reserved_peak_mb": "gpuprof/memory_reserved_peak_mb"}
+SCALAR_TAGS = {"allocated_peak_mb": MEMORY_ALLOCATED_PEAK_TAG,
+               "reserved_peak_mb": MEMORY_RESERVED_PEAK_TAG}
 NOT_RECORDED = ("this trace holds no allocator events. The PyTorch hook records them by default "
                 "(GpuProfiler(..., record_memory=True)); with torch.profiler directly, pass "
                 "profile_memory=True. XPlane (TensorFlow/JAX) and Nsight Systems traces carry "

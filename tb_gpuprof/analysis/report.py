@@ -1,73 +1,39 @@
-"""Build the report (docs/report-schema.md) from a normalized Profile. Imports no framework."""
+"""Build the report (docs/report-schema.md) from a normalized Profile. Imports no framework.
+
+:func:`build_report` only composes the stages in analysis/stages.py (each tested on its own in
+tests/test_report_stages.py) and the sections other modules own (distributed, throughput, rules).
+"""
 
 from __future__ import annotations
 
-import bisect
-import statistics
 from typing import Any
 
 from .. import REPORT_SCHEMA_VERSION, __version__
-from ..errors import EmptyProfileError
-from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
-from .bottleneck import (
-    GLUE_MAX_US,
-    HostTimeline,
-    bottleneck_section,
-    gpu_intervals,
-    host_timeline,
-    is_sync_call,
-    iteration_shares,
-)
-from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
-from .demangle import demangle
-from .intervals import Coverage
-from .iterations import IterationWindow, plan_iterations, select_windows
-from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+from ..model import Profile
+from .bottleneck import host_timeline
+from .distributed import communication_section
 from .memory import memory_section
-from .rules import SEVERITY_ORDER
-from .savings import retime
+from .roofline import roofline_section
+from .rules import recommend
 from .schema import check_built_report
-from .whatif import GPU_BOUND_HOST_SCALE, Replay, SimKernel, build_replay, calibrate
-
-MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
-PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
-COMPUTE_EXCLUDED = {"memcpy", "memset", "communication", "layout"}
-SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
-              "cudaMemcpy", "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize",
-              "cudaStreamWaitEvent")
-_DTYPE_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32",
-                    "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
-                    "signed char": "int8", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
-                    "float32": "fp32"}
-
-
-def _pct(part: float, whole: float) -> float:
-    return round(100.0 * part / whole, 3) if whole > 0 else 0.0
-
-
-def _precision_from_types(types: list[str] | None, uses_tc: bool) -> str | None:
-    if not types:
-        return None
-    for t in types:
-        p = _DTYPE_PRECISION.get(t)
-        if p:
-            return "tf32" if (p == "fp32" and uses_tc) else p
-    return None
-
-
-def _kernel_class(a: GpuActivity, ctx: LaunchContext | None) -> tuple[KernelClass, str, bool]:
-    cls = classify_kernel(a.name, a.kind)
-    precision = cls.precision
-    # Op input dtypes tell a math kernel's precision; for other kernels (casts, masks, indices
-    # among the inputs) they would guess, so those stay "unknown".
-    if precision == "unknown" and ctx is not None and (cls.tc_capable or cls.uses_tensor_cores):
-        precision = _precision_from_types(ctx.input_types, cls.uses_tensor_cores) or precision
-    eligible = cls.tc_capable or (ctx.eligible if ctx else False)
-    if not eligible and (a.op_type or a.op):
-        eligible = is_tc_eligible_op(a.op_type or a.op or "")
-    if cls.category in COMPUTE_EXCLUDED:
-        eligible = False
-    return cls, precision, eligible
+from .stages import (
+    IterationSelection,
+    KernelTable,
+    Tally,
+    assign_to_iterations,
+    attribute_idle,
+    bottleneck_stage,
+    breakdown_section,
+    iterations_section,
+    kernel_table,
+    phases_section,
+    savings_stage,
+    select_iterations,
+    tally_activities,
+    tensor_core_section,
+    unprofiled_median,
+)
+from .throughput import throughput_section
 
 
 def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: int | None = None,
@@ -81,394 +47,63 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     ``topology`` (tb_gpuprof.nvml.topology's dict, which a hook records) lets the
     ``gpu_placement`` rule judge the job's GPUs.
     """
-    if not profile.gpu and not profile.cpu_ops:
-        raise EmptyProfileError(profile.source, "the trace holds no GPU or CPU activity")
     env = dict(env or {})
     unprofiled = env.pop("unprofiled", None)
-    warnings: list[str] = []
-    plan = plan_iterations(profile, key=key)
-    if key and plan.method != "key_range" and plan.method != "profiler_step":
-        warnings.append(f"no range named {key!r} in the trace; iterations from {plan.method}")
-    windows = select_windows(plan, iter_start, iter_stop)
-    if not windows:
-        raise EmptyProfileError(
-            profile.source, f"no iterations in [{iter_start}, {iter_stop}) "
-            f"(the trace has {len(plan.windows)} by {plan.method})")
-
-    launches, op_flops = link_launches(profile, is_tc_eligible_op)
-    win_starts = [w.start_us for w in windows]
-
-    def window_of(t: float) -> int | None:
-        i = bisect.bisect_right(win_starts, t) - 1
-        if i >= 0 and t < windows[i].end_us:
-            return i
-        return None
-
-    # Assign each GPU activity to an iteration by when it was launched (GPU work lags the host).
-    per_window: list[list[tuple[GpuActivity, LaunchContext | None]]] = [[] for _ in windows]
-    for a in profile.gpu:
-        ctx = launches.get(a.correlation) if a.correlation is not None else None
-        if ctx is None and launches and a.correlation:
-            # Launched before the trace began (e.g. in the profiler's warm-up step): this is
-            # backlog from an earlier iteration, not work of the one it happens to overlap.
-            continue
-        wi = window_of(ctx.launch_us if ctx else a.start_us)
-        if wi is None and ctx is not None:
-            wi = window_of(a.start_us)
-        if wi is not None:
-            per_window[wi].append((a, ctx))
-
-    assigned = {id(a) for acts in per_window for a, _ in acts}
-    # allocator events are host-side: the memory section reads the iterations' host bounds
-    host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
-    _align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
-
-    kernels: dict[tuple[str, str], dict[str, Any]] = {}
-    flop_groups: dict[int, list[tuple[dict[str, Any], float, bool]]] = {}
-    totals = {"tc": 0.0, "elig": 0.0, "other": 0.0, "memory": 0.0, "comm": 0.0, "layout": 0.0}
-    precision_us: dict[str, float] = {}
-    category_us: dict[str, float] = {}
-    phase_us = {FORWARD: 0.0, BACKWARD: 0.0, OPTIMIZER_PHASE: 0.0}
-    phase_known = False
-    items: list[dict[str, Any]] = []
-    dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
-                        if x.kind == DATALOADER and not x.on_gpu])
-    sync_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                          if r.name.startswith(SYNC_CALLS)])
-    launch_cov = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                            if not r.name.startswith(SYNC_CALLS)])
-    cpu_cov = Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
-    idle_attr = {"data_loading": 0.0, "cpu_ops": 0.0, "launch_overhead": 0.0,
-                 "synchronization": 0.0, "other": 0.0}
-
-    sim_kernels: list[SimKernel] = []
-    sim_counts: list[int] = []  # kernels of the first i + 1 iterations
-    for w, acts in zip(windows, per_window, strict=True):
-        bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
-              "layout": 0.0}
-        busy_iv = []
-        for a, ctx in acts:
-            cls, precision, eligible = _kernel_class(a, ctx)
-            sim_kernels.append(SimKernel(a, ctx.launch_us if ctx else None, cls.category,
-                                         precision, cls.uses_tensor_cores, eligible))
-            dur = a.dur_us
-            busy_iv.append((a.start_us, a.start_us + dur))
-            cat = cls.category
-            category_us[cat] = category_us.get(cat, 0.0) + dur
-            if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
-                totals["memory"] += dur
-                bd["memory"] += dur
-            elif cat == "communication":
-                totals["comm"] += dur
-                totals["other"] += dur
-                bd["communication"] += dur
-            elif cls.uses_tensor_cores:
-                totals["tc"] += dur
-                bd["tc_compute"] += dur
-            elif eligible:
-                totals["elig"] += dur
-                bd["non_tc_compute"] += dur
-            else:
-                totals["other"] += dur
-                if cat == "layout":
-                    totals["layout"] += dur
-                    bd["layout"] += dur
-                else:
-                    bd["non_tc_compute"] += dur
-            if a.kind == KERNEL and cat not in COMPUTE_EXCLUDED:
-                precision_us[precision] = precision_us.get(precision, 0.0) + dur
-            if ctx is not None and ctx.phase is not None:
-                phase_known = True
-                phase_us[ctx.phase] += dur
-            k = kernels.get((a.kind, a.name))
-            if k is None:
-                k = kernels[(a.kind, a.name)] = {
-                    "name": a.name, "demangled": demangle(a.name) if a.kind == KERNEL else a.name,
-                    "kind": a.kind, "count": 0, "total_us": 0.0, "mean_us": 0.0,
-                    "min_us": dur, "max_us": dur, "pct": 0.0,
-                    "uses_tensor_cores": cls.uses_tensor_cores, "precision": precision,
-                    "category": cat, "tc_eligible": eligible, "_ops": {},
-                    "grid": list(a.grid) if a.grid else None,
-                    "block": list(a.block) if a.block else None,
-                    "registers": a.registers, "shared_mem": a.shared_mem,
-                    "occupancy_pct": a.occupancy, "flops": None, "bytes": None, "tflops": None,
-                    "source": None,
-                }
-            k["count"] += 1
-            k["total_us"] += dur
-            k["min_us"] = min(k["min_us"], dur)
-            k["max_us"] = max(k["max_us"], dur)
-            if a.bytes:
-                k["bytes"] = (k["bytes"] or 0) + a.bytes
-            op_name = (ctx.op if ctx else None) or a.op
-            if op_name:
-                k["_ops"][op_name] = k["_ops"].get(op_name, 0.0) + dur
-            if ctx is not None:
-                if ctx.source and not k["source"]:
-                    k["source"] = ctx.source
-                if ctx.flop_op is not None:
-                    flop_groups.setdefault(ctx.flop_op, []).append(
-                        (k, dur, (cls.tc_capable or cls.uses_tensor_cores
-                                  or cat in ("gemm", "conv", "attention"))
-                         and not is_math_helper(a.name)))
-        sim_counts.append(len(sim_kernels))
-        busy_cov = Coverage(busy_iv)
-        # Work launched in this iteration may run past its end (GPU lags the host): its union is
-        # the iteration's busy time, and idle is what is left of the wall time.
-        busy_all = sum(e - s for s, e in busy_cov.iv)
-        idle = max(w.wall_us - busy_all, 0.0)
-        if idle > 0:
-            # What was the host doing while the GPU had nothing? Attribute the gaps in priority
-            # order, then scale so the attribution sums to this iteration's idle time.
-            attr = dict.fromkeys(idle_attr, 0.0)
-            for gs, ge in busy_cov.gaps(w.start_us, w.end_us):
-                left = ge - gs
-                for name, cov in (("data_loading", dl_cov), ("synchronization", sync_cov),
-                                  ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)):
-                    part = min(left, cov.overlap(gs, ge))
-                    attr[name] += part
-                    left -= part
-                attr["other"] += left
-            gap_total = sum(attr.values())
-            for name, v in attr.items():
-                idle_attr[name] += v * idle / gap_total if gap_total > 0 else 0.0
-            if gap_total <= 0:
-                idle_attr["other"] += idle
-        items.append({
-            "step": w.step, "start_us": round(w.start_us, 3), "wall_ms": round(w.wall_us / 1e3, 4),
-            "gpu_busy_ms": round(min(busy_all, w.wall_us) / 1e3, 4),
-            "breakdown_ms": {**{k2: round(v / 1e3, 4) for k2, v in bd.items()},
-                             "idle": round(idle / 1e3, 4)},
-        })
-
-    # FLOPs recorded on an op go to the math kernels it launched, split by their time.
-    for op_idx, group in flop_groups.items():
-        flops = op_flops.get(op_idx, 0.0)
-        math = [g for g in group if g[2]]  # casts/copies under a conv op do none of its math
-        if not math:
-            continue
-        tot = sum(d for _, d, _ in math) or 1.0
-        for k, d, _ in math:
-            k["flops"] = (k["flops"] or 0.0) + flops * d / tot
-
-    gpu_time = sum(k["total_us"] for k in kernels.values())
-    kernel_list = sorted(kernels.values(), key=lambda k: -k["total_us"])
-    for k in kernel_list:
-        k["mean_us"] = k["total_us"] / k["count"]
-        k["pct"] = _pct(k["total_us"], gpu_time)
-        ops = k.pop("_ops")
-        k["ops"] = [n for n, _ in sorted(ops.items(), key=lambda kv: -kv[1])[:5]]
-        if k["flops"]:
-            k["tflops"] = round(k["flops"] / (k["total_us"] * 1e6), 3) if k["total_us"] else None
-        for f in ("total_us", "mean_us", "min_us", "max_us"):
-            k[f] = round(k[f], 3)
-
-    comm_names: dict[str, bool] = {}
-
-    def is_comm(name: str) -> bool:
-        v = comm_names.get(name)
-        if v is None:
-            v = comm_names[name] = classify_kernel(name, KERNEL).category == "communication"
-        return v
-
-    gpu_cov = gpu_intervals(profile, is_comm)
-    host = host_timeline(profile)
-    shares = [iteration_shares(w.start_us, w.end_us, gpu_cov, host) for w in windows]
-
-    walls = [w.wall_us / 1e3 for w in windows]
-    median_ms = statistics.median(walls)
-    unprofiled_ms = _unprofiled_median(unprofiled)
-    overhead = round(median_ms / unprofiled_ms, 3) if unprofiled_ms else None
-    if overhead is not None and overhead > PROFILER_OVERHEAD_WARN:
-        warnings.append(
-            f"the profiler slowed the window's iterations {overhead:.2f}x ({median_ms:.1f} ms "
-            f"vs {unprofiled_ms:.1f} ms un-profiled): host-side figures are shown against the "
-            "un-profiled time")
-    wall_total = sum(w.wall_us for w in windows)
-    busy_total = sum(it["gpu_busy_ms"] for it in items) * 1e3
-    eligible_total = totals["tc"] + totals["elig"]
+    sel = select_iterations(profile, key, iter_start, iter_stop)
+    linked = assign_to_iterations(profile, sel.windows)
+    tally = tally_activities(linked.per_window)
+    host = host_timeline(profile)  # what the host threads did: idle, bottleneck and savings read it
+    idle = attribute_idle(profile, sel.windows, tally.windows, host.blocking)
     system = _system(profile, env)
-    report: dict[str, Any] = {
+    unprofiled_ms = unprofiled_median(unprofiled)
+    bottleneck = bottleneck_stage(profile, linked, sel.windows, host, unprofiled_ms,
+                                  system.get("framework"))
+    report = _assemble(profile, sel, tally, kernel_table(tally, linked.op_flops),
+                       iterations_section(sel, idle.items, unprofiled),
+                       breakdown_section(sel.windows, idle, tally.totals), system, bottleneck,
+                       telemetry)
+    report["distributed"] = communication_section(profile, report)
+    report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
+    report["memory"] = memory_section(profile, linked.host_windows, telemetry)
+    report["roofline"] = roofline_section(report, profile, linked.per_window)
+    report["recommendations"] = recommend(report, topology=topology)
+    savings_stage(report, profile, tally, host, sel.windows, unprofiled_ms)
+    check_built_report(report)
+    return report
+
+
+def _assemble(profile: Profile, sel: IterationSelection, tally: Tally,
+              kernels: KernelTable, iterations: dict[str, Any],
+              breakdown: dict[str, Any], system: dict[str, Any], bottleneck: dict[str, Any],
+              telemetry: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's sections in their order; distributed, throughput and the recommendations
+    are filled in after (they read the report)."""
+    gpu_time = kernels.gpu_time_us
+    warnings = sel.warnings
+    if not profile.gpu:
+        warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
+                        "Tensor Core and kernel views are empty")
+    return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "generator": f"tb_gpuprof {__version__}",
         "source": {"path": profile.source, "format": profile.format,
                    "events": len(profile.gpu) + len(profile.cpu_ops) + len(profile.runtime)},
         "system": system,
-        "iterations": {
-            "method": plan.method, "key": plan.key, "count": len(windows),
-            "range": _step_range(windows)[0], "range_kind": _step_range(windows)[1],
-            "mean_ms": round(statistics.fmean(walls), 4),
-            "median_ms": round(median_ms, 4),
-            "min_ms": round(min(walls), 4), "max_ms": round(max(walls), 4),
-            "p95_ms": round(_percentile(walls, 95), 4),
-            "gpu_busy_mean_ms": round(busy_total / len(windows) / 1e3, 4),
-            "unprofiled_median_ms": round(unprofiled_ms, 4) if unprofiled_ms else None,
-            "unprofiled_source": (unprofiled or {}).get("source") if unprofiled_ms else None,
-            "profiler_overhead_ratio": overhead,
-            "items": items,
-        },
-        "bottleneck": bottleneck_section(
-            shares, [w.step for w in windows], [w.wall_us for w in windows],
-            unprofiled_ms=unprofiled_ms, framework=system.get("framework")),
+        "iterations": iterations,
+        "bottleneck": bottleneck,
         "gpu_time_us": round(gpu_time, 3),
-        "kernels": kernel_list,
-        "kernels_total": len(kernel_list),
-        "tensor_cores": {
-            "tc_us": round(totals["tc"], 3), "eligible_not_tc_us": round(totals["elig"], 3),
-            "other_us": round(totals["other"], 3), "memory_us": round(totals["memory"], 3),
-            "tc_pct": _pct(totals["tc"], gpu_time),
-            "eligible_not_tc_pct": _pct(totals["elig"], gpu_time),
-            "other_pct": _pct(totals["other"], gpu_time),
-            "memory_pct": _pct(totals["memory"], gpu_time),
-            "tc_kernel_efficiency_pct": _pct(totals["tc"], eligible_total)
-            if eligible_total > 0 else None,
-        },
-        "precision_us": {k: round(v, 3) for k, v in sorted(precision_us.items())},
-        "category_us": {k: round(v, 3) for k, v in sorted(category_us.items())},
-        "breakdown": {
-            "wall_us": round(wall_total, 3), "gpu_busy_us": round(busy_total, 3),
-            "tc_compute_us": round(sum(i["breakdown_ms"]["tc_compute"] for i in items) * 1e3, 3),
-            "non_tc_compute_us": round(
-                sum(i["breakdown_ms"]["non_tc_compute"] for i in items) * 1e3, 3),
-            "memory_us": round(totals["memory"], 3),
-            "communication_us": round(totals["comm"], 3),
-            "layout_us": round(totals["layout"], 3),
-            "idle_us": round(sum(i["breakdown_ms"]["idle"] for i in items) * 1e3, 3),
-            "idle_attribution_us": {k: round(v, 3) for k, v in idle_attr.items()},
-        },
-        "phases": ({"method": "autograd", **{f"{p}_ms": round(v / len(windows) / 1e3, 4)
-                                             for p, v in phase_us.items()},
-                    "unattributed_ms": round(max(gpu_time - sum(phase_us.values()), 0.0)
-                                             / len(windows) / 1e3, 4)}
-                   if phase_known else None),
+        "kernels": kernels.rows,
+        "kernels_total": len(kernels.rows),
+        "tensor_cores": tensor_core_section(tally.totals, gpu_time),
+        "precision_us": {k: round(v, 3) for k, v in sorted(tally.precision_us.items())},
+        "category_us": {k: round(v, 3) for k, v in sorted(tally.category_us.items())},
+        "breakdown": breakdown,
+        "phases": phases_section(tally, gpu_time, len(sel.windows)),
         "telemetry": telemetry,
         "distributed": None,
         "recommendations": [],
         "warnings": warnings,
     }
-    if not profile.gpu:
-        warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
-                        "Tensor Core and kernel views are empty")
-    from .distributed import communication_section
-    from .roofline import roofline_section
-    from .rules import recommend
-    from .throughput import throughput_section
-
-    report["bottleneck"]["sync_sites"] = _sync_sites(profile, launches, windows, host.blocking)
-    report["distributed"] = communication_section(profile, report)
-    report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
-    report["memory"] = memory_section(profile, host_windows, telemetry)
-    report["roofline"] = roofline_section(report, profile, per_window)
-    report["recommendations"] = recommend(report, topology=topology)
-    measured = unprofiled_ms or report["iterations"]["mean_ms"]
-    # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
-    n = max(1, sum(1 for c in sim_counts if c <= MAX_REPLAY_KERNELS))
-    replay = _replay(profile, sim_kernels[:sim_counts[n - 1]], host, windows[:n])
-    retime(report["recommendations"], replay, measured,
-           # without an un-profiled time (imported traces) the host is taken at the profiler's
-           # typical inflation, as for GPU-bound windows: the trace was profiled all the same
-           calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
-           else GPU_BOUND_HOST_SCALE,
-           "un-profiled" if unprofiled_ms else "profiled")
-    report["recommendations"].sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
-                                                  SEVERITY_ORDER.get(r["severity"], 3)))
-    check_built_report(report)
-    return report
-
-
-def _replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
-            windows: list[IterationWindow]) -> Replay | None:
-    """The window ready for what-if re-timing (analysis/whatif.py)."""
-    if not kernels:
-        return None
-    lo, hi = windows[0].start_us, windows[-1].end_us
-    blocking = host.blocking
-    pageable_h2d = {g.correlation for g in profile.gpu if g.kind != KERNEL
-                    and g.correlation is not None and "Pageable" in g.name
-                    and ("HtoD" in g.name or "H2D" in g.name)}
-    syncs = [(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-             if lo <= r.start_us < hi and is_sync_call(r.name, r.correlation, blocking)]
-    copy_calls = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                           if r.correlation in pageable_h2d])
-    return build_replay(kernels, syncs, data=host.data, sync=host.sync,
-                        framework=host.framework, copy_calls=copy_calls, start_us=lo,
-                        end_us=hi, glue_max_us=GLUE_MAX_US)
-
-
-def _sync_sites(profile: Profile, launches: dict[int, LaunchContext],
-                windows: list[IterationWindow], blocking: set[int]) -> list[dict[str, Any]]:
-    """Where the host blocked on the device inside the analyzed iterations: the op that did it
-    (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept."""
-    lo, hi = windows[0].start_us, windows[-1].end_us
-    sites: dict[tuple[str, str | None], list[float]] = {}
-    for r in profile.runtime:
-        if not lo <= r.start_us < hi or not is_sync_call(r.name, r.correlation, blocking):
-            continue
-        ctx = launches.get(r.correlation) if r.correlation is not None else None
-        key = ((ctx.op if ctx and ctx.op else r.name), ctx.source if ctx else None)
-        sites.setdefault(key, []).append(r.dur_us)
-    n = max(len(windows), 1)
-    ranked = sorted(sites.items(), key=lambda kv: -sum(kv[1]))[:5]
-    return [{"op": op, "source": src, "count_per_iteration": round(len(d) / n, 2),
-             "blocked_ms_per_iteration": round(sum(d) / n / 1e3, 4)}
-            for (op, src), d in ranked]
-
-
-def _unprofiled_median(unprofiled: Any) -> float | None:
-    """The hook's median iteration period outside the window (``env["unprofiled"]``)."""
-    if not isinstance(unprofiled, dict):
-        return None
-    v = unprofiled.get("median_ms")
-    return float(v) if isinstance(v, int | float) and v > 0 else None
-
-
-def _align_to_gpu(windows: list[IterationWindow],
-                  per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
-                  unassigned: list[GpuActivity]) -> None:
-    """Move iteration bounds from host ranges to when the iteration's work really finished.
-
-    The host may run ahead of the GPU (nothing synchronizes), so a host step marker can be far
-    shorter than the GPU work it launched. An iteration ends when both its host code and its GPU
-    work are done, and the next one starts no earlier than that: in steady state the difference
-    of consecutive ends is the iteration time whether the job is GPU- or host-bound. The first
-    iteration may find the GPU still busy with work launched before it (recorded or not); it
-    starts no earlier than that backlog's end, or its first kernel's start minus the host time
-    before that kernel's launch.
-    """
-    prev_end: float | None = None
-    for w, acts in zip(windows, per_window, strict=True):
-        host_start = w.start_us
-        if acts:
-            w.end_us = max(w.end_us, max(a.start_us + a.dur_us for a, _ in acts))
-        if prev_end is not None:
-            w.start_us = max(host_start, prev_end)
-        elif acts:
-            first, ctx = min(acts, key=lambda ac: ac[0].start_us)
-            backlog = [a.start_us + a.dur_us for a in unassigned if a.start_us < first.start_us]
-            if backlog:
-                w.start_us = max(host_start, min(max(backlog), first.start_us))
-            elif ctx is not None:
-                w.start_us = max(host_start, first.start_us - (ctx.launch_us - host_start))
-        w.end_us = max(w.end_us, w.start_us)
-        prev_end = w.end_us
-
-
-def _percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _step_range(windows: list[IterationWindow]) -> tuple[list[int], str]:
-    """First and last step number, or 0-based iteration indices when markers carry none."""
-    steps = [w.step for w in windows if w.step is not None]
-    if len(steps) != len(windows):
-        return [windows[0].index, windows[-1].index], "index"
-    return [min(steps), max(steps)], "step"
 
 
 def _cuda_version(v: Any) -> str | None:

@@ -8,11 +8,13 @@ comes from the low and high ends of the speed-up table. Severity then follows th
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from .whatif import PINNED_H2D_BYTES_PER_US, SPEEDUPS, Fix, Replay, SimKernel, predicted_ms
 
 MATH = ("gemm", "conv", "attention")
+HALF = ("fp16", "bf16", "fp8")
 MEMORY_BOUND = ("norm", "elementwise", "reduction")
 SEVERITY_HIGH_PCT = 20.0
 SEVERITY_MEDIUM_PCT = 5.0
@@ -38,16 +40,22 @@ def fix_tf32(v: int) -> Fix:
     return Fix(kernel_factor=factor)
 
 
-def fix_amp(v: int) -> Fix:
+def fix_amp(v: int, unknown_is_fp32: bool = False) -> Fix:
     """AMP on top of TF32: FP32 math is counted from TF32 speed (the ladder's order), so with
-    TF32 off the estimate is what AMP adds after the ``tf32`` fix (see :func:`retime`)."""
+    TF32 off the estimate is what AMP adds after the ``tf32`` fix (see :func:`retime`).
+
+    ``unknown_is_fp32``: no kernel of the window runs in half precision, so kernels whose
+    names carry no dtype (XLA's fusions) run in FP32 like everything else."""
     def factor(k: SimKernel) -> float:
         half = "tf32_to_half_" + (k.category if k.category in MATH else "gemm")
-        if (k.uses_tc and k.precision == "tf32") or _fp32_simt(k):
+        # FP32 math on Tensor Cores (e.g. memory-efficient attention's TF32 MMA) is TF32
+        if (k.uses_tc and k.precision in ("tf32", "fp32") and k.category in MATH) or \
+                _fp32_simt(k):
             return _f(half, v)
-        if k.precision == "fp32" and k.category == "norm":
+        fp32 = k.precision == "fp32" or (unknown_is_fp32 and k.precision == "unknown")
+        if fp32 and k.category == "norm":
             return _f("memory_half_norm", v)
-        if k.precision == "fp32" and k.category in ("elementwise", "reduction"):
+        if fp32 and k.category in ("elementwise", "reduction"):
             return _f("memory_half_elementwise", v)
         return 1.0
     return Fix(kernel_factor=factor, framework_rate=1.0 / _f("amp_dispatch", v))
@@ -110,6 +118,9 @@ def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float
         build = FIXES.get(rec["id"])
         if build is None or replay is None or measured_ms <= 0:
             continue
+        if rec["id"] == "amp":
+            no_half = not any(k.precision in HALF for k in replay.kernels)
+            build = partial(fix_amp, unknown_is_fp32=no_half)
         # AMP follows TF32 when both are recommended: its saving is what it adds after it
         after = fix_tf32 if rec["id"] == "amp" and "tf32" in ids else None
         start = ([predicted_ms(replay, after(v), measured_ms, host_scale) for v in (0, 1, 2)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..store.layout import MFU_TAG, MODEL_TFLOPS_TAG  # a leaf module: names only
 from .classify import is_math_helper
 from .peaks import GPU_PEAKS, peak_for
 
@@ -129,10 +130,10 @@ def throughput_scalars(report: dict[str, Any], iteration_ms: float) -> dict[str,
     if not flops or not iteration_ms or iteration_ms <= 0:
         return {}
     tflops = flops / (iteration_ms * 1e-3) / 1e12
-    out = {"gpuprof/model_tflops": tflops}
+    out = {MODEL_TFLOPS_TAG: tflops}
     peak = section.get("peak_tflops")
     if peak:
-        out["gpuprof/mfu_pct"] = 100.0 * tflops / peak
+        out[MFU_TAG] = 100.0 * tflops / peak
     return out
 
 

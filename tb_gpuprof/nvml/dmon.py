@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from ..store import layout
 from .backend import NvmlUnavailableError
 from .sampler import NvmlSampler, Sample
 
@@ -73,7 +74,7 @@ def run_dmon(interval: float, count: int | None, logdir: str | None, *, backend:
             out.flush()
             if writer is not None and samples:
                 scalars = sampler.scalars(samples)
-                writer.add_scalars({f"gpuprof/{k}": v for k, v in scalars.items()}, step,
+                writer.add_scalars({layout.scalar_tag(k): v for k, v in scalars.items()}, step,
                                    wall_time=samples[0].time)
             if sampler.all_lost:  # the sampler already warned (logging) for each GPU
                 out.write("# all GPUs lost; stopping\n")
@@ -92,5 +93,5 @@ def _open_run(logdir: str, sampler: NvmlSampler) -> Any:
 
     writer = EventWriter(logdir)
     topo = topology_from_backend(sampler.backend, [info.uuid for _, info in sampler.devices])
-    writer.add_json("gpuprof/topology", topo, step=0)
+    writer.add_json(layout.TOPOLOGY_TAG, topo, step=0)
     return writer

@@ -65,50 +65,48 @@ CLOCK_EVENT_REASONS: dict[int, str] = {
 }
 POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake_slowdown"})
 THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
-# hw_slowdown is asserted for power brake *or* thermal trips, so it counts as both kinds.
-SLOWDOWN_REASONS = POWER_REASONS | THERMAL_REASONS | {"hw_slowdown"}
 
 
 @dataclass(frozen=True, slots=True)
 class Metric:
+    """A metric the sampler produces (``raw_to_metrics``/``gpm_to_metrics``): every name they
+    return is declared here (tests/test_nvml_protocol.py); docs/metrics.md says what it is."""
     name: str
     unit: str
-    description: str
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("sm_util_pct", "%", "NVML utilization.gpu: time a kernel was running (not SM activity)"),
-    Metric("mem_util_pct", "%", "NVML utilization.memory: time device memory was read/written"),
-    Metric("enc_util_pct", "%", "video encoder utilization"),
-    Metric("dec_util_pct", "%", "video decoder utilization"),
-    Metric("power_w", "W", "board power draw"),
-    Metric("power_limit_w", "W", "enforced power limit"),
-    Metric("gpu_temp_c", "°C", "GPU core temperature"),
-    Metric("mem_temp_c", "°C", "HBM temperature"),
-    Metric("sm_clock_mhz", "MHz", "SM clock"),
-    Metric("mem_clock_mhz", "MHz", "memory clock"),
-    Metric("fb_used_mib", "MiB", "device memory in use by all processes"),
-    Metric("fb_total_mib", "MiB", "device memory size"),
-    Metric("fb_used_pct", "%", "fb_used_mib / fb_total_mib"),
-    Metric("process_mem_mib", "MiB", "device memory held by this process"),
-    Metric("pcie_tx_mib_s", "MiB/s", "PCIe traffic from the GPU"),
-    Metric("pcie_rx_mib_s", "MiB/s", "PCIe traffic to the GPU"),
-    Metric("clock_event_power_pct", "%", "share of samples with power-cap/brake clock events"),
-    Metric("clock_event_thermal_pct", "%", "share of samples with thermal clock events"),
-    Metric("sm_active_pct", "%", "GPM: share of SMs with at least one warp resident"),
-    Metric("sm_occupancy_pct", "%", "GPM: resident warps vs. the SMs' maximum"),
-    Metric("tensor_active_pct", "%", "GPM: time SMs issued any tensor-core instruction"),
-    Metric("hmma_tensor_active_pct", "%", "GPM: FP16/BF16/TF32 tensor-core activity"),
-    Metric("imma_tensor_active_pct", "%", "GPM: INT8 tensor-core activity"),
-    Metric("dfma_tensor_active_pct", "%", "GPM: FP64 tensor-core activity"),
-    Metric("dram_bw_pct", "%", "GPM: DRAM bandwidth used vs. peak"),
-    Metric("fp16_active_pct", "%", "GPM: non-tensor FP16 pipe activity"),
-    Metric("fp32_active_pct", "%", "GPM: non-tensor FP32 pipe activity"),
-    Metric("fp64_active_pct", "%", "GPM: non-tensor FP64 pipe activity"),
-    Metric("nvlink_rx_mib_s", "MiB/s", "GPM: NVLink receive bandwidth, all links"),
-    Metric("nvlink_tx_mib_s", "MiB/s", "GPM: NVLink transmit bandwidth, all links"),
+    Metric("sm_util_pct", "%"),  # NVML utilization.gpu: time a kernel was running (not SM activity)
+    Metric("mem_util_pct", "%"),  # NVML utilization.memory: time device memory was read/written
+    Metric("enc_util_pct", "%"),  # video encoder utilization
+    Metric("dec_util_pct", "%"),  # video decoder utilization
+    Metric("power_w", "W"),  # board power draw
+    Metric("power_limit_w", "W"),  # enforced power limit
+    Metric("gpu_temp_c", "°C"),  # GPU core temperature
+    Metric("mem_temp_c", "°C"),  # HBM temperature
+    Metric("sm_clock_mhz", "MHz"),  # SM clock
+    Metric("mem_clock_mhz", "MHz"),  # memory clock
+    Metric("fb_used_mib", "MiB"),  # device memory in use by all processes
+    Metric("fb_total_mib", "MiB"),  # device memory size
+    Metric("fb_used_pct", "%"),  # fb_used_mib / fb_total_mib
+    Metric("process_mem_mib", "MiB"),  # device memory held by this process
+    Metric("pcie_tx_mib_s", "MiB/s"),  # PCIe traffic from the GPU
+    Metric("pcie_rx_mib_s", "MiB/s"),  # PCIe traffic to the GPU
+    Metric("clock_event_power_pct", "%"),  # share of samples with power-cap/brake clock events
+    Metric("clock_event_thermal_pct", "%"),  # share of samples with thermal clock events
+    Metric("sm_active_pct", "%"),  # GPM: share of SMs with at least one warp resident
+    Metric("sm_occupancy_pct", "%"),  # GPM: resident warps vs. the SMs' maximum
+    Metric("tensor_active_pct", "%"),  # GPM: time SMs issued any tensor-core instruction
+    Metric("hmma_tensor_active_pct", "%"),  # GPM: FP16/BF16/TF32 tensor-core activity
+    Metric("imma_tensor_active_pct", "%"),  # GPM: INT8 tensor-core activity
+    Metric("dfma_tensor_active_pct", "%"),  # GPM: FP64 tensor-core activity
+    Metric("dram_bw_pct", "%"),  # GPM: DRAM bandwidth used vs. peak
+    Metric("fp16_active_pct", "%"),  # GPM: non-tensor FP16 pipe activity
+    Metric("fp32_active_pct", "%"),  # GPM: non-tensor FP32 pipe activity
+    Metric("fp64_active_pct", "%"),  # GPM: non-tensor FP64 pipe activity
+    Metric("nvlink_rx_mib_s", "MiB/s"),  # GPM: NVLink receive bandwidth, all links
+    Metric("nvlink_tx_mib_s", "MiB/s"),  # GPM: NVLink transmit bandwidth, all links
 )
-METRIC_UNITS: dict[str, str] = {m.name: m.unit for m in METRICS}
 
 MIB = 1024 * 1024
 

@@ -5,7 +5,8 @@
         print(sampler.unavailable_reason)
     ...                                  # training
     samples = sampler.drain()            # since the last drain, thread-safe
-    writer.add_scalars({f"gpuprof/{k}": v for k, v in sampler.scalars(samples).items()}, step)
+    writer.add_scalars({layout.scalar_tag(k): v for k, v in sampler.scalars(samples).items()},
+                       step)
     report_telemetry = sampler.window_summary(samples)
     sampler.stop()
 
@@ -42,6 +43,7 @@ from .fields import (
     gpm_to_metrics,
     raw_to_metrics,
 )
+from .protocol import NvmlApi
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class NvmlSampler:
     """Samples NVML (and GPM where supported) for the given CUDA ordinals on a daemon thread."""
 
     def __init__(self, devices: list[int] | None = None, interval_s: float = DEFAULT_INTERVAL_S,
-                 gpm: bool = True, backend: Any = None, *,
+                 gpm: bool = True, backend: NvmlApi | None = None, *,
                  cuda_visible_devices: str | None = None) -> None:
         self.wanted = list(devices) if devices is not None else None
         self.interval_s = max(0.01, float(interval_s))
@@ -85,7 +87,7 @@ class NvmlSampler:
         self.system: dict[str, Any] = {}
         self.cpu_time_s = 0.0  # CPU time the sampler thread has used (time.thread_time)
         self.ticks = 0
-        self._backend = backend
+        self._backend: NvmlApi | None = backend
         self._cuda_visible = (cuda_visible_devices if cuda_visible_devices is not None
                               else os.environ.get("CUDA_VISIBLE_DEVICES"))
         self._states: list[_DeviceState] = []
@@ -107,12 +109,13 @@ class NvmlSampler:
                 from .backend import NvmlBackend
 
                 self._backend = NvmlBackend()
-            self._backend.init()
+            backend = self._backend
+            backend.init()
             try:
-                chosen = select_devices(self._backend.devices(), self._cuda_visible, self.wanted)
-                self.system = dict(self._backend.system_info())
+                chosen = select_devices(backend.devices(), self._cuda_visible, self.wanted)
+                self.system = dict(backend.system_info())
             except BaseException:
-                self._backend.shutdown()
+                backend.shutdown()
                 raise
         except NvmlUnavailableError as e:
             self.unavailable_reason = str(e)
@@ -121,7 +124,7 @@ class NvmlSampler:
             self.unavailable_reason = f"NVML unavailable: {type(e).__name__}: {e}"
             return False
         for gpu, info in chosen:
-            use_gpm = self.gpm and self._backend.gpm_supported(info.uuid)
+            use_gpm = self.gpm and backend.gpm_supported(info.uuid)
             state = _DeviceState(gpu=gpu, info=info, gpm=use_gpm, gpm_ids=list(GPM_METRICS))
             if not use_gpm:
                 state.unsupported["gpm"] = "NOT_SUPPORTED" if self.gpm else "DISABLED"
@@ -148,7 +151,7 @@ class NvmlSampler:
             thread.join(timeout=max(5.0, 3 * self.interval_s))
         if self._opened:
             try:
-                self._backend.shutdown()
+                self.backend.shutdown()
             except Exception:  # shutting down a broken driver is best effort
                 pass
             self._opened = False
@@ -175,7 +178,10 @@ class NvmlSampler:
         return bool(self._states) and all(s.lost for s in self._states)
 
     @property
-    def backend(self) -> Any:
+    def backend(self) -> NvmlApi:
+        """The backend in use (after :meth:`open`; a RuntimeError before)."""
+        if self._backend is None:
+            raise RuntimeError("NvmlSampler.backend read before open()")
         return self._backend
 
     # ---- sampling ----
@@ -229,7 +235,8 @@ class NvmlSampler:
         if state.gpm and "pcie_tx_mib_s" not in state.unsupported:
             skip.update(RAW_FIELDS_REPLACED_BY_GPM)  # GPM measures PCIe without blocking 20 ms
         fields = [f for f in RAW_FIELDS if f not in skip]
-        raw = self._backend.read(state.info.uuid, fields)
+        backend = self.backend
+        raw = backend.read(state.info.uuid, fields)
         clean: dict[str, Any] = {}
         for k, v in raw.items():
             if isinstance(v, FieldError):
@@ -237,9 +244,9 @@ class NvmlSampler:
             else:
                 clean[k] = v
                 state.failures.pop(k, None)  # only consecutive failures retire a field
-        values = raw_to_metrics(clean, self._backend.pid)
+        values = raw_to_metrics(clean, backend.pid)
         if state.gpm and state.gpm_ids:
-            answer = self._backend.gpm_read(state.info.uuid, state.gpm_ids)
+            answer = backend.gpm_read(state.info.uuid, state.gpm_ids)
             if answer is not None:
                 good = {m: v for m, v in answer.items() if not isinstance(v, FieldError)}
                 for m, v in answer.items():

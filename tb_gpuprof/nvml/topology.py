@@ -16,6 +16,7 @@ from typing import Any
 
 from .backend import DeviceInfo
 from .devices import select_devices
+from .protocol import NvmlApi
 
 # NVML_TOPOLOGY_* level -> nvidia-smi's label (INTERNAL: two GPUs on one board, behind one switch)
 LEVEL_LABELS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -59,7 +60,7 @@ def cpu_ranges(cpus: list[int] | None) -> str | None:
     return ",".join(parts)
 
 
-def _link_label(backend: Any, a: DeviceInfo, b: DeviceInfo,
+def _link_label(backend: NvmlApi, a: DeviceInfo, b: DeviceInfo,
                 links: dict[str, list[dict[str, Any]]]) -> tuple[str, int]:
     """(matrix label, NVLink count) between two physical GPUs."""
     mine = links.get(a.uuid, [])
@@ -71,10 +72,12 @@ def _link_label(backend: Any, a: DeviceInfo, b: DeviceInfo,
     if switched and backend.p2p_nvlink(a.uuid, b.uuid):
         return f"NV{switched}", switched
     level = backend.topology_level(a.uuid, b.uuid)
-    return LEVEL_LABELS.get(level, "SYS" if level is None else f"L{level}"), 0
+    if level is None:
+        return "SYS", 0
+    return LEVEL_LABELS.get(level, f"L{level}"), 0
 
 
-def topology_from_backend(backend: Any, job_uuids: list[str] | None = None) -> dict[str, Any]:
+def topology_from_backend(backend: NvmlApi, job_uuids: list[str] | None = None) -> dict[str, Any]:
     """The topology dict from an initialized backend (see :func:`topology`)."""
     infos = backend.devices()
     physical = sorted((i for i in infos if i.mig_parent_uuid is None), key=lambda i: i.index)
@@ -102,7 +105,7 @@ def topology_from_backend(backend: Any, job_uuids: list[str] | None = None) -> d
             "legend": LEGEND}
 
 
-def topology(devices: list[int] | None = None, *, backend: Any = None,
+def topology(devices: list[int] | None = None, *, backend: NvmlApi | None = None,
              cuda_visible_devices: str | None = None) -> dict[str, Any]:
     """Interconnect matrix, CPU affinity and NUMA node of the host's GPUs.
 

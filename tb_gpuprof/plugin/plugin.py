@@ -1,117 +1,40 @@
-"""The gpuprof TensorBoard plugin: data access through ``context.data_provider`` only.
+"""The gpuprof TensorBoard plugin: the TBPlugin face of plugin/data.py, served by routes.py.
 
-With the default Rust data server ``context.multiplexer`` is None, so everything goes through
-the data provider (the same code serves ``--load_fast=false``). Decoded reports are cached per
-(run, tag, step, wall time), so paging /kernels does not re-fetch and re-decode the blob.
+Imports run one way: plugin.py -> routes.py -> data.py (routes never import this module).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gzip
-import json
-import os
-import re
-import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 from tensorboard import context as tb_context
-from tensorboard import errors as tb_errors
-from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 
-from ..errors import GpuProfError
-from ..store import schema
-from .views import KernelIndex
+from ..store import layout
+from .data import (  # noqa: F401  (the plugin's names, as callers knew them here)
+    CachedReport,
+    HttpError,
+    PluginData,
+    ReportRef,
+)
+from .routes import make_apps
 
-SCALARS_PLUGIN = "scalars"
-SCALAR_POINTS = 5000
-DEFAULT_BLOB_SAMPLES = 100
-REPORT_CACHE_SIZE = 16
-TIMELINE_CACHE_SIZE = 2  # indexes of a 1M-event window take a few hundred MB each
 ACTIVE_CACHE_SECS = 10.0
-_TRACE_DIR_RE = re.compile(r"^step_(\d+)(?:\.rank(\d+))?$")
-_RANK_RUN_RE = re.compile(r"^(?:(.+)/)?rank(\d+)$")  # the sub-run a rank r > 0 writes into
 
 
-def _rank_sub_run(name: str) -> tuple[str, int] | None:
-    """(parent run, rank) of a rank's sub-run name ("ddp/rank1"; "rank1" under run ".")."""
-    m = _RANK_RUN_RE.match(name)
-    return (m.group(1) or ".", int(m.group(2))) if m else None
-
-
-class HttpError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class ReportRef:
-    run: str
-    tag: str
-    step: int
-    rank: int
-    wall_time: float
-    content: bytes
-
-
-class CachedReport:
-    """A decoded report plus what routes derive from it, each computed once on first use:
-    its gzipped JSON (/report) and its kernel index (/kernels)."""
-
-    __slots__ = ("_gzip", "_index", "_lock", "report")
-
-    def __init__(self, report: dict[str, Any]) -> None:
-        self.report = report
-        self._gzip: bytes | None = None
-        self._index: KernelIndex | None = None
-        self._lock = threading.Lock()
-
-    def gzip_json(self) -> bytes:
-        with self._lock:
-            if self._gzip is None:
-                raw = json.dumps(self.report, separators=(",", ":")).encode()
-                # Level 3 and mtime 0, as TensorBoard's own responses.
-                self._gzip = gzip.compress(raw, compresslevel=3, mtime=0)
-            return self._gzip
-
-    def kernel_index(self) -> KernelIndex:
-        with self._lock:
-            if self._index is None:
-                self._index = KernelIndex(self.report.get("kernels") or [])
-            return self._index
-
-
-class GpuProfPlugin(base_plugin.TBPlugin):
-    plugin_name = schema.PLUGIN_NAME
+class GpuProfPlugin(PluginData, base_plugin.TBPlugin):
+    plugin_name = layout.PLUGIN_NAME
 
     def __init__(self, context: base_plugin.TBContext) -> None:
-        self._provider = context.data_provider
-        if self._provider is None:
-            raise RuntimeError("TensorBoard gave no data provider")
-        self._logdir = context.logdir or ""
-        self._hints = dict(context.sampling_hints or {})
-        self._lock = threading.Lock()
-        self._reports: OrderedDict[tuple, CachedReport] = OrderedDict()
-        self._errors: dict[tuple, str | None] = {}  # decode outcome per stored report
+        PluginData.__init__(self, context)
         self._active: tuple[float, bool] = (0.0, False)
-        self._timelines: OrderedDict[tuple, Any] = OrderedDict()
-        self._timeline_lock = threading.Lock()  # one trace parsed at a time
-
-    # -- TBPlugin -----------------------------------------------------------------------------
 
     def get_plugin_apps(self) -> dict[str, Any]:
-        from .routes import make_apps
-
         return make_apps(self)
 
     def data_plugin_names(self) -> tuple[str, ...]:
-        return (schema.PLUGIN_NAME,)
+        return (layout.PLUGIN_NAME,)
 
     def is_active(self) -> bool:
         """Only asked when no run has gpuprof blobs: a run with gpuprof scalars only."""
@@ -127,265 +50,3 @@ class GpuProfPlugin(base_plugin.TBPlugin):
 
     def frontend_metadata(self) -> base_plugin.FrontendMetadata:
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="GPU Prof")
-
-    # -- listing ------------------------------------------------------------------------------
-
-    def scalar_tags(self, ctx: Any, eid: str, run: str | None = None) -> dict[str, list[str]]:
-        """run -> sorted gpuprof/* scalar tags."""
-        filt = provider.RunTagFilter(runs=[run]) if run is not None else None
-        listing = self._provider.list_scalars(ctx, experiment_id=eid, plugin_name=SCALARS_PLUGIN,
-                                              run_tag_filter=filt)
-        out = {}
-        for r, tags in listing.items():
-            mine = sorted(t for t in tags if t.startswith("gpuprof/"))
-            if mine:
-                out[r] = mine
-        return out
-
-    def blob_series(self, ctx: Any, eid: str, run: str | None = None) -> dict[str, dict[str, Any]]:
-        filt = provider.RunTagFilter(runs=[run]) if run is not None else None
-        return self._provider.list_blob_sequences(ctx, experiment_id=eid,
-                                                  plugin_name=schema.PLUGIN_NAME,
-                                                  run_tag_filter=filt)
-
-    @staticmethod
-    def report_refs(run: str, series: dict[str, Any]) -> list[ReportRef]:
-        refs = []
-        for tag, ts in series.items():
-            parsed = schema.parse_report_tag(tag)
-            if parsed is not None:
-                refs.append(ReportRef(run, tag, parsed[0], parsed[1], ts.max_wall_time,
-                                      ts.plugin_content))
-        refs.sort(key=lambda r: (r.step, r.rank))
-        return refs
-
-    def runs(self, ctx: Any, eid: str) -> list[dict[str, Any]]:
-        scalars = self.scalar_tags(ctx, eid)
-        blobs = self.blob_series(ctx, eid)
-        out = []
-        for run in sorted(set(scalars) | set(blobs)):
-            series = blobs.get(run, {})
-            refs = self.report_refs(run, series)
-            tags = scalars.get(run, [])
-            error = None
-            if refs:
-                latest = max(refs, key=lambda r: (r.step, -r.rank))
-                error = self.report_error(ctx, eid, latest)
-            out.append({
-                "run": run,
-                "reports": [{"step": r.step, "wall_time": r.wall_time, "rank": r.rank}
-                            for r in refs],
-                "scalar_tags": tags,
-                "has_trace": self.trace_root(run) is not None,
-                "has_telemetry": (any(schema.is_telemetry_scalar(t) for t in tags)
-                                  or schema.TOPOLOGY_TAG in series),
-                "error": error,
-            })
-        return out
-
-    def known_run(self, ctx: Any, eid: str, run: str) -> None:
-        runs = {r.run_name for r in self._provider.list_runs(ctx, experiment_id=eid)}
-        if run not in runs:
-            raise HttpError(404, f"no run named {run!r}")
-
-    # -- reports ------------------------------------------------------------------------------
-
-    def find_report(self, ctx: Any, eid: str, run: str, step: int | None,
-                    rank: int | None) -> ReportRef:
-        refs = self.report_refs(run, self.blob_series(ctx, eid, run).get(run, {}))
-        if not refs:
-            self.known_run(ctx, eid, run)
-            raise HttpError(404, f"run {run!r} has no gpuprof report (only scalars or other data)")
-        if step is None:
-            step = max(r.step for r in refs)
-        at_step = [r for r in refs if r.step == step and (rank is None or r.rank == rank)]
-        if not at_step:
-            steps = ", ".join(str(s) for s in sorted({r.step for r in refs}))
-            which = f"step {step}" + (f" rank {rank}" if rank is not None else "")
-            raise HttpError(404, f"run {run!r} has no report at {which} (steps: {steps})")
-        return min(at_step, key=lambda r: r.rank)
-
-    def rank_reports(self, ctx: Any, eid: str, run: str,
-                     step: int | None) -> tuple[str, list[ReportRef]]:
-        """(base run, one report per rank at ``step``) of a multi-process run.
-
-        Rank 0 writes into the run, rank r > 0 into the sub-run ``<run>/rank<r>``; reports of
-        several ranks in one run (tags ``gpuprof/report/<step>/rank<r>``) count too. ``run``
-        may name the base run or any rank's sub-run. Default step: the latest one of rank 0.
-        """
-        blobs = self.blob_series(ctx, eid)
-        parent = _rank_sub_run(run)
-        base = parent[0] if parent and parent[0] in blobs else run
-        if base not in blobs:
-            self.known_run(ctx, eid, run)
-            raise HttpError(404, f"run {run!r} has no gpuprof report (only scalars or other data)")
-        refs = list(self.report_refs(base, blobs[base]))
-        for name, series in blobs.items():
-            sub = _rank_sub_run(name)
-            if sub and sub[0] == base:
-                # a report stored without a rank tag in rank r's sub-run is rank r's
-                refs.extend(ref if ref.rank else dataclasses.replace(ref, rank=sub[1])
-                            for ref in self.report_refs(name, series))
-        if not refs:
-            raise HttpError(404, f"run {base!r} has no gpuprof report (only scalars or other data)")
-        if step is None:
-            step = max(r.step for r in refs if r.rank == min(x.rank for x in refs))
-        by_rank: dict[int, ReportRef] = {}
-        for ref in refs:  # the latest write of each rank's window wins
-            if ref.step == step and (ref.rank not in by_rank
-                                     or ref.wall_time > by_rank[ref.rank].wall_time):
-                by_rank[ref.rank] = ref
-        if not by_rank:
-            steps = ", ".join(str(s) for s in sorted({r.step for r in refs}))
-            raise HttpError(404, f"run {base!r} has no report at step {step} (steps: {steps})")
-        return base, [by_rank[r] for r in sorted(by_rank)]
-
-    def load_report(self, ctx: Any, eid: str, ref: ReportRef) -> CachedReport:
-        """Decoded report of ``ref``; HttpError 422 when it cannot be read."""
-        key = (eid, ref.run, ref.tag, ref.step, ref.wall_time)
-        with self._lock:
-            cached = self._reports.get(key)
-            if cached is not None:
-                self._reports.move_to_end(key)
-                return cached
-            known_error = self._errors.get(key)
-        if known_error is not None:
-            raise HttpError(422, known_error)
-        where = f"run {ref.run!r} step {ref.step}"
-        try:
-            schema.check_content(schema.parse_plugin_content(ref.content), where)
-            blob = self._fetch_blob(ctx, eid, ref)
-            cached = CachedReport(schema.decode_report(blob, ref.content, where))
-        except GpuProfError as e:
-            with self._lock:
-                self._errors[key] = str(e)
-            raise HttpError(422, str(e)) from None
-        with self._lock:
-            self._errors[key] = None
-            self._reports[key] = cached
-            while len(self._reports) > REPORT_CACHE_SIZE:
-                self._reports.popitem(last=False)
-        return cached
-
-    def report_error(self, ctx: Any, eid: str, ref: ReportRef) -> str | None:
-        key = (eid, ref.run, ref.tag, ref.step, ref.wall_time)
-        with self._lock:
-            if key in self._errors:
-                return self._errors[key]
-        try:
-            self.load_report(ctx, eid, ref)
-        except HttpError as e:
-            return e.message
-        return None
-
-    def _fetch_blob(self, ctx: Any, eid: str, ref: ReportRef) -> bytes:
-        data = self.read_blobs(ctx, eid, ref.run, ref.tag)
-        at_step = [d for d in data if d.step == ref.step and d.values]
-        if not at_step:
-            raise schema.StoredDataError(f"run {ref.run!r} step {ref.step}: report data missing")
-        datum = max(at_step, key=lambda d: d.wall_time)
-        try:
-            blob = self._provider.read_blob(ctx, blob_key=datum.values[0].blob_key)
-        except tb_errors.NotFoundError:
-            raise schema.StoredDataError(
-                f"run {ref.run!r} step {ref.step}: report data missing") from None
-        return bytes(blob)
-
-    def read_blobs(self, ctx: Any, eid: str, run: str, tag: str) -> list[Any]:
-        result = self._provider.read_blob_sequences(
-            ctx, experiment_id=eid, plugin_name=schema.PLUGIN_NAME,
-            downsample=self._hints.get(schema.PLUGIN_NAME, DEFAULT_BLOB_SAMPLES),
-            run_tag_filter=provider.RunTagFilter(runs=[run], tags=[tag]))
-        return list(result.get(run, {}).get(tag, []))
-
-    def latest_json(self, ctx: Any, eid: str, run: str, tag: str) -> Any:
-        """The latest value of a gpuprof JSON blob tag (e.g. topology), or None."""
-        data = [d for d in self.read_blobs(ctx, eid, run, tag) if d.values]
-        if not data:
-            return None
-        datum = max(data, key=lambda d: (d.step, d.wall_time))
-        blob = self._provider.read_blob(ctx, blob_key=datum.values[0].blob_key)
-        try:
-            return schema.decode_json(bytes(blob), f"run {run!r} tag {tag}")
-        except GpuProfError as e:
-            raise HttpError(422, str(e)) from None
-
-    # -- scalars ------------------------------------------------------------------------------
-
-    def read_scalars(self, ctx: Any, eid: str, run: str, tags: list[str]) -> dict[str, list]:
-        result = self._provider.read_scalars(
-            ctx, experiment_id=eid, plugin_name=SCALARS_PLUGIN, downsample=SCALAR_POINTS,
-            run_tag_filter=provider.RunTagFilter(runs=[run], tags=tags))
-        return {tag: [[d.step, d.wall_time, d.value] for d in data]
-                for tag, data in result.get(run, {}).items()}
-
-    # -- raw traces ---------------------------------------------------------------------------
-
-    def _run_dir(self, run: str) -> str | None:
-        """The run's directory inside the log directory, or None if it would leave it."""
-        if not self._logdir or "\0" in run or os.path.isabs(run):
-            return None
-        parts = run.split("/")
-        if any(p == ".." for p in parts):
-            return None
-        root = os.path.realpath(self._logdir)
-        run_dir = os.path.realpath(os.path.join(root, *parts))
-        if os.path.commonpath([root, run_dir]) != root:
-            return None
-        return run_dir
-
-    def trace_root(self, run: str) -> str | None:
-        run_dir = self._run_dir(run)
-        if run_dir is None:
-            return None
-        root = os.path.join(run_dir, *schema.TRACES_SUBDIR)
-        return root if os.path.isdir(root) and _inside(root, run_dir) else None
-
-    def trace_file(self, run: str, step: int | None, rank: int | None) -> str:
-        """Path of the raw trace of a run's window; HttpError 404 when there is none."""
-        root = self.trace_root(run)
-        if root is None:
-            raise HttpError(404, f"run {run!r} has no raw traces")
-        windows = []
-        for name in os.listdir(root):
-            m = _TRACE_DIR_RE.match(name)
-            if m:
-                windows.append((int(m.group(1)), int(m.group(2) or 0), name))
-        if step is None and windows:
-            step = max(w[0] for w in windows)
-        matching = sorted(w for w in windows
-                          if w[0] == step and (rank is None or w[1] == rank))
-        for _, _, name in matching:
-            window_dir = os.path.join(root, name)
-            for entry in sorted(os.listdir(window_dir)):
-                path = os.path.join(window_dir, entry)
-                # Regular files only (no symlinks), never a copy in progress.
-                if (not entry.endswith(".tmp") and os.path.isfile(path)
-                        and not os.path.islink(path) and _inside(path, root)):
-                    return path
-        raise HttpError(404, f"run {run!r} has no raw trace for step {step}")
-
-
-    # -- timeline -----------------------------------------------------------------------------
-
-    def timeline(self, path: str, report: dict[str, Any], report_key: float) -> Any:
-        """The TimelineIndex of a window's raw trace, parsed once and kept for the next pans."""
-        from ..readers import load_profile
-        from .timeline import TimelineIndex
-
-        st = os.stat(path)
-        key = (path, st.st_mtime_ns, st.st_size, report_key)
-        with self._timeline_lock:
-            index = self._timelines.get(key)
-            if index is None:
-                index = TimelineIndex(load_profile(path), report)
-                self._timelines[key] = index
-                while len(self._timelines) > TIMELINE_CACHE_SIZE:
-                    self._timelines.popitem(last=False)
-            self._timelines.move_to_end(key)
-            return index
-
-
-def _inside(path: str, root: str) -> bool:
-    real_root = os.path.realpath(root)
-    return os.path.commonpath([real_root, os.path.realpath(path)]) == real_root

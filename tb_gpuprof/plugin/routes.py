@@ -21,10 +21,10 @@ from werkzeug import Response, wrappers
 from werkzeug.wsgi import wrap_file
 
 from ..errors import GpuProfError
-from ..store import schema
+from ..store import layout
 from . import views
+from .data import HttpError, PluginData
 from .fallback import FALLBACK_MODULE
-from .plugin import GpuProfPlugin, HttpError
 
 logger = logging.getLogger("tb_gpuprof")
 
@@ -32,7 +32,7 @@ STATIC_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 MAX_COMPARE_RUNS = 20
 JSON = "application/json"
 
-Handler = Callable[[GpuProfPlugin, wrappers.Request, Any, str], Any]
+Handler = Callable[[PluginData, wrappers.Request, Any, str], Any]
 
 
 def _json(request: wrappers.Request, body: Any, code: int = 200) -> Response:
@@ -52,7 +52,7 @@ def _required(request: wrappers.Request, name: str) -> str:
     return value
 
 
-def _wrap(plugin: GpuProfPlugin, handler: Handler) -> Callable:
+def _wrap(plugin: PluginData, handler: Handler) -> Callable:
     @wrappers.Request.application
     def app(request: wrappers.Request) -> Response:
         ctx = plugin_util.context(request.environ)
@@ -74,24 +74,25 @@ def _wrap(plugin: GpuProfPlugin, handler: Handler) -> Callable:
     return app
 
 
-def _runs(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
-    return {"runs": plugin.runs(ctx, eid)}
+def _runs(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    # The tag names the dashboard reads: the server owns them (store/layout.py).
+    return {"runs": plugin.runs(ctx, eid), "tags": layout.DASHBOARD_TAGS}
 
 
-def _ref(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str, run: str):
+def _ref(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str, run: str):
     step = views.parse_int(request.args.get("step"), "step", None)
     rank = views.parse_int(request.args.get("rank"), "rank", None)
     return plugin.find_report(ctx, eid, run, step, rank)
 
 
-def _report(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _report(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
     body = plugin.load_report(ctx, eid, _ref(plugin, request, ctx, eid, run)).gzip_json()
     # Precompressed once per report; http_util unzips for a client that does not take gzip.
     return http_util.Respond(request, body, JSON, content_encoding="gzip")
 
 
-def _kernels(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _kernels(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
     params = {k: request.args.get(k) for k in
               ("sort", "order", "q", "category", "tc", "precision", "offset", "limit")}
@@ -100,7 +101,7 @@ def _kernels(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: st
     return {"run": run, "step": ref.step, **answer}
 
 
-def _scalars(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _scalars(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run, tag = _required(request, "run"), _required(request, "tag")
     points = plugin.read_scalars(ctx, eid, run, [tag]).get(tag)
     if points is None:
@@ -108,7 +109,7 @@ def _scalars(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: st
     return {"run": run, "tag": tag, "points": points}
 
 
-def _compare(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _compare(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     runs = [r for r in _required(request, "runs").split(",") if r]
     if not runs:
         raise views.BadParam("runs must name at least one run")
@@ -123,22 +124,22 @@ def _compare(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: st
     return views.compare_reports(entries)
 
 
-def _telemetry(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _telemetry(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
     plugin.known_run(ctx, eid, run)
     tags = [t for t in plugin.scalar_tags(ctx, eid, run).get(run, [])
-            if schema.is_telemetry_scalar(t)]
+            if layout.is_telemetry_scalar(t)]
     series = {}
     if tags:
         for tag, points in plugin.read_scalars(ctx, eid, run, tags).items():
-            series[tag.removeprefix("gpuprof/")] = points
+            series[layout.scalar_name(tag)] = points
     topology = None
-    if schema.TOPOLOGY_TAG in plugin.blob_series(ctx, eid, run).get(run, {}):
-        topology = plugin.latest_json(ctx, eid, run, schema.TOPOLOGY_TAG)
+    if layout.TOPOLOGY_TAG in plugin.blob_series(ctx, eid, run).get(run, {}):
+        topology = plugin.latest_json(ctx, eid, run, layout.TOPOLOGY_TAG)
     return {"run": run, "series": series, "topology": topology}
 
 
-def _distributed(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _distributed(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
     step = views.parse_int(request.args.get("step"), "step", None)
     base, refs = plugin.rank_reports(ctx, eid, run, step)
@@ -152,7 +153,7 @@ def _distributed(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid
     return {"run": base, "step": refs[0].step, **summary}
 
 
-def _trace(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _trace(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     run = _required(request, "run")
     step = views.parse_int(request.args.get("step"), "step", None)
     rank = views.parse_int(request.args.get("rank"), "rank", None)
@@ -180,7 +181,7 @@ def _parse_float(value: str | None, name: str) -> float | None:
     return x
 
 
-def _timeline(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _timeline(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     from .timeline import MAX_WIDTH, TimelineError
 
     run = _required(request, "run")
@@ -205,11 +206,8 @@ def _static_file(rel: str) -> str | None:
     parts = [p for p in rel.split("/") if p]
     if not parts or any(p in (".", "..") or p.startswith(".") or "\\" in p for p in parts):
         return None
-    root = os.path.realpath(STATIC_DIR)
-    path = os.path.realpath(os.path.join(root, *parts))
-    if os.path.commonpath([root, path]) != root or not os.path.isfile(path):
-        return None
-    return path
+    path = layout.safe_join(STATIC_DIR, *parts)
+    return path if path is not None and os.path.isfile(path) else None
 
 
 def _send(request: wrappers.Request, path: str) -> Response:
@@ -225,7 +223,7 @@ def _send_bytes(request: wrappers.Request, body: bytes, path: str) -> Response:
     return http_util.Respond(request, body, mime)
 
 
-def _index_js(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+def _index_js(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
     # The dashboard's module when it is built, else a minimal one that lists runs.
     path = _static_file("index.js")
     if path is not None:
@@ -233,8 +231,8 @@ def _index_js(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: s
     return _send_bytes(request, FALLBACK_MODULE.encode(), "index.js")
 
 
-def _static(plugin: GpuProfPlugin, request: wrappers.Request, ctx: Any, eid: str) -> Any:
-    prefix = f"/data/plugin/{schema.PLUGIN_NAME}/"
+def _static(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    prefix = f"/data/plugin/{layout.PLUGIN_NAME}/"
     rel = request.path.split(prefix, 1)[1] if prefix in request.path else ""
     rel = rel.removeprefix("static/")
     path = _static_file(rel)
@@ -258,5 +256,5 @@ ROUTES: dict[str, Handler] = {
 }
 
 
-def make_apps(plugin: GpuProfPlugin) -> dict[str, Callable]:
+def make_apps(plugin: PluginData) -> dict[str, Callable]:
     return {route: _wrap(plugin, handler) for route, handler in ROUTES.items()}

@@ -1,14 +1,19 @@
 """Trace readers: Kineto JSON, XPlane protobuf, Nsight Systems SQLite -> :class:`Profile`.
 
 ``load_profile(path)`` sniffs the format from the file's first bytes (not only its name) and
-dispatches; every reader raises :class:`TraceReadError` subclasses for bad input.
+dispatches through ``READERS``, the registry: one :class:`Reader` per format, a sniff and a
+lazily imported read function. Every reader raises :class:`TraceReadError` subclasses for bad
+input. Adding a format: docs/design.md, "How to add a trace reader".
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib
 import os
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..errors import TraceReadError, UnknownFormatError
 from ..model import Profile
@@ -17,8 +22,48 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def sniff_format(path: str) -> str:
-    """Return "kineto", "xplane" or "nsys" for ``path``; raise for anything else."""
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """One trace format: how to recognise a file of it, and the function that reads it.
+
+    ``sniff(head, name)`` sees the first 64 bytes (gunzipped when the file is gzip) and the
+    file's base name. Content sniffers run first, in registry order; ``by_name_only`` ones
+    (a guess from the name or a weak magic) run after the known misnamed files are refused.
+    ``read`` is ``"module:function"`` under tb_gpuprof.readers, imported on first use so that
+    sniffing imports no reader (or the function itself, for a reader defined elsewhere).
+    """
+    format: str
+    sniff: Callable[[bytes, str], bool]
+    read: str | Callable[[str], Profile]
+    by_name_only: bool = False
+    gzip_ok: bool = True  # False: the format is never gzipped (SQLite), sniffed on raw bytes
+
+    def load(self, path: str) -> Profile:
+        if callable(self.read):
+            return self.read(path)
+        module, function = self.read.split(":")
+        reader: Callable[[str], Profile] = getattr(
+            importlib.import_module(f".{module}", __name__), function)
+        return reader(path)
+
+
+READERS: list[Reader] = [
+    Reader("nsys", lambda head, name: head.startswith(SQLITE_MAGIC), "nsys:read_nsys",
+           gzip_ok=False),
+    Reader("kineto", lambda head, name: head.lstrip()[:1] in (b"{", b"["), "kineto:read_kineto"),
+    Reader("xplane", lambda head, name: name.endswith((".xplane.pb", ".pb"))
+           or head[:1] in (b"\x0a", b"\x12", b"\x1a"), "xplane:read_xplane", by_name_only=True),
+]
+
+
+def reader_for(fmt: str) -> Reader:
+    for r in READERS:
+        if r.format == fmt:
+            return r
+    raise KeyError(fmt)
+
+
+def _head(path: str) -> bytes:
     if not os.path.exists(path):
         raise TraceReadError(path, "no such file")
     if os.path.isdir(path):
@@ -30,29 +75,46 @@ def sniff_format(path: str) -> str:
         raise TraceReadError(path, f"cannot read: {e.strerror or e}") from None
     if not head:
         raise TraceReadError(path, "empty file")
-    if head.startswith(SQLITE_MAGIC):
-        return "nsys"
-    if head.startswith(GZIP_MAGIC):
-        try:
-            with gzip.open(path, "rb") as g:
-                head = g.read(64)
-        except EOFError:
-            raise TraceReadError(path, "truncated gzip file (stream ends early)") from None
-        except (OSError, zlib.error) as e:
-            raise TraceReadError(path, f"corrupt gzip data: {e}") from None
-        if not head:
-            raise TraceReadError(path, "empty file (gzip holds no data)")
-    stripped = head.lstrip()
-    if stripped[:1] in (b"{", b"["):
-        return "kineto"
-    name = os.path.basename(path)
+    return head
+
+
+def _gunzipped_head(path: str) -> bytes:
+    try:
+        with gzip.open(path, "rb") as g:
+            head = g.read(64)
+    except EOFError:
+        raise TraceReadError(path, "truncated gzip file (stream ends early)") from None
+    except (OSError, zlib.error) as e:
+        raise TraceReadError(path, f"corrupt gzip data: {e}") from None
+    if not head:
+        raise TraceReadError(path, "empty file (gzip holds no data)")
+    return head
+
+
+def _refuse_misnamed(path: str, name: str) -> None:
+    """Files whose name promises a format their bytes do not hold: say what to do."""
     if name.endswith((".nsys-rep", ".qdrep")):
         raise UnknownFormatError(
             path, "an Nsight Systems report; export it first: nsys export --type sqlite FILE")
     if name.endswith((".sqlite", ".sqlite3", ".db")):
         raise UnknownFormatError(path, "named like an SQLite export but is not an SQLite file")
-    if name.endswith((".xplane.pb", ".pb")) or head[:1] in (b"\x0a", b"\x12", b"\x1a"):
-        return "xplane"
+
+
+def sniff_format(path: str) -> str:
+    """The registered format of ``path`` ("kineto", "xplane", "nsys", ...); raise for others."""
+    raw = _head(path)
+    name = os.path.basename(path)
+    for r in READERS:  # formats sniffed on the raw bytes come before gzip is opened
+        if not r.gzip_ok and not r.by_name_only and r.sniff(raw, name):
+            return r.format
+    head = _gunzipped_head(path) if raw.startswith(GZIP_MAGIC) else raw
+    for r in READERS:
+        if r.gzip_ok and not r.by_name_only and r.sniff(head, name):
+            return r.format
+    _refuse_misnamed(path, name)
+    for r in READERS:
+        if r.by_name_only and r.sniff(head, name):
+            return r.format
     raise UnknownFormatError(
         path, "not a Kineto JSON trace, XPlane .xplane.pb or Nsight Systems .sqlite export"
     )
@@ -61,18 +123,7 @@ def sniff_format(path: str) -> str:
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read any supported trace file into the normalized model."""
     path = os.fspath(path)
-    fmt = sniff_format(path)
-    if fmt == "kineto":
-        from .kineto import read_kineto
-
-        return read_kineto(path)
-    if fmt == "xplane":
-        from .xplane import read_xplane
-
-        return read_xplane(path)
-    from .nsys import read_nsys
-
-    return read_nsys(path)
+    return reader_for(sniff_format(path)).load(path)
 
 
-__all__ = ["load_profile", "sniff_format"]
+__all__ = ["READERS", "Reader", "load_profile", "reader_for", "sniff_format"]

@@ -1,13 +1,17 @@
-"""`tb-gpuprof import`: any trace file the readers know becomes a TensorBoard run."""
+"""`tb-gpuprof import`'s storage half: run names and directories, and writing the run.
+
+The analysis half (read the trace, build the report) is tb_gpuprof/pipeline.py's
+``import_trace``, which calls these: the store imports neither readers nor analysis.
+"""
 
 from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 from ..errors import GpuProfError
-from .reader import event_files
-from .schema import ITERATION_TIME_TAG
+from .layout import ITERATION_TIME_TAG, safe_join
 from .writer import EventWriter, save_raw_trace
 
 _TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json",
@@ -28,14 +32,13 @@ def resolve_run_dir(logdir: str, run: str) -> str:
     parts = run.replace("\\", "/").split("/")
     if not run or os.path.isabs(run) or any(p in ("", ".", "..") for p in parts) or "\0" in run:
         raise GpuProfError(f"invalid run name {run!r}: use a relative name without '..'")
-    root = os.path.realpath(logdir)
-    run_dir = os.path.realpath(os.path.join(root, *parts))
-    if os.path.commonpath([root, run_dir]) != root or run_dir == root:
+    run_dir = safe_join(logdir, *parts)
+    if run_dir is None or run_dir == os.path.realpath(logdir):
         raise GpuProfError(f"invalid run name {run!r}: it leads outside {logdir}")
     return run_dir
 
 
-def _make_run_dir(logdir: str, run_dir: str) -> None:
+def make_run_dir(logdir: str, run_dir: str) -> None:
     """Create ``run_dir``; a log directory that is a file, lies under a file or is not
     writable is a user error (one line), not a traceback."""
     if os.path.exists(logdir) and not os.path.isdir(logdir):
@@ -50,23 +53,9 @@ def _make_run_dir(logdir: str, run_dir: str) -> None:
         raise GpuProfError(f"cannot write into the log directory {logdir}: permission denied")
 
 
-def import_trace(trace: str, logdir: str, run: str | None = None, key: str | None = None) -> str:
-    """Analyze ``trace`` and write it as run ``run`` of ``logdir``; returns the run directory.
-
-    The run gets one report (at the last analyzed step, or 0), the per-iteration
-    ``gpuprof/iteration_time_ms`` scalars and a copy of the raw trace.
-    """
-    from ..analysis.report import build_report
-    from ..readers import load_profile
-
-    trace = os.fspath(trace)
-    run_dir = resolve_run_dir(logdir, run if run is not None else default_run_name(trace))
-    _make_run_dir(logdir, run_dir)  # before minutes of analysis, not after
-    if event_files(run_dir):
-        raise GpuProfError(f"{run_dir} already holds event files; pick another --run")
-    profile = load_profile(trace)
-    report = build_report(profile, key=key)
-
+def write_imported_run(run_dir: str, trace: str, report: dict[str, Any]) -> None:
+    """Write an imported trace's run: the per-iteration ``gpuprof/iteration_time_ms`` scalars,
+    its report (at the last analyzed step, or 0) and a copy of the raw trace."""
     items = (report.get("iterations") or {}).get("items") or []
     steps = [it["step"] if isinstance(it.get("step"), int) else i for i, it in enumerate(items)]
     last = (report.get("iterations") or {}).get("range") or [None, None]
@@ -82,4 +71,3 @@ def import_trace(trace: str, logdir: str, run: str | None = None, key: str | Non
                 writer.add_scalar(ITERATION_TIME_TAG, item["wall_ms"], s)
         writer.add_report(report, step=step)
         save_raw_trace(run_dir, trace, step)
-    return run_dir

@@ -18,15 +18,12 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from ..errors import RunNotFoundError
-from . import schema
+from . import layout, schema
+from .layout import is_events_file
 
 _HEADER = struct.Struct("<QI")
 # A length this large is a corrupt header, not a record (stored reports are a few MiB).
 _MAX_RECORD_BYTES = 512 * 1024 * 1024
-
-
-def is_events_file(name: str) -> bool:
-    return "tfevents" in name
 
 
 def iter_records(path: str) -> Iterator[bytes]:
@@ -82,7 +79,7 @@ def stored_reports(run_dir: str) -> list[StoredReport]:
     for path in event_files(run_dir):
         for event in iter_events(path):
             for value in event.summary.value:
-                parsed = schema.parse_report_tag(value.tag)
+                parsed = layout.parse_report_tag(value.tag)
                 if parsed is None or len(value.tensor.string_val) != 1:
                     continue
                 found.append(StoredReport(parsed[0], parsed[1], event.wall_time,

@@ -1,4 +1,5 @@
-"""How tb_gpuprof data sits in TensorBoard event files: tag names, blob encoding, size bound.
+"""How tb_gpuprof data sits in TensorBoard event files: blob encoding, size bound (tag and
+file names: layout.py).
 
 Reports and other JSON objects are stored as one-element blob sequences (a string tensor of
 shape [1]) with ``plugin_name`` "gpuprof" and ``data_class`` BLOB_SEQUENCE, which both the
@@ -10,51 +11,30 @@ never drops a window, whatever ``--samples_per_plugin`` says. See docs/storage.m
 from __future__ import annotations
 
 import json
-import re
 import zlib
 from typing import Any
 
 from .. import REPORT_SCHEMA_VERSION
 from ..errors import SchemaVersionError, StoredDataError
+from .layout import (  # noqa: F401  (names owned by layout.py; re-exported for old callers)
+    ITERATION_TIME_TAG,
+    PLUGIN_NAME,
+    REPORT_TAG_PREFIX,
+    TOPOLOGY_TAG,
+    TRACES_SUBDIR,
+    is_telemetry_scalar,
+    parse_report_tag,
+    report_tag,
+)
 
-PLUGIN_NAME = "gpuprof"
 ENCODING = "json+zlib"
 STORAGE_VERSION = 1  # of the blob layout below, independent of the report schema
-
-REPORT_TAG_PREFIX = "gpuprof/report/"
-ITERATION_TIME_TAG = "gpuprof/iteration_time_ms"
-TOPOLOGY_TAG = "gpuprof/topology"
-TRACES_SUBDIR = ("plugins", "gpuprof", "traces")
 
 # Size bound of one stored report. The compressed blob stays far below TensorBoard's gRPC
 # message limit (256 MiB) and the uncompressed JSON bounds what the plugin keeps in memory
 # per cached report. A report over either bound keeps its largest kernels only.
 MAX_COMPRESSED_BYTES = 4 * 1024 * 1024
 MAX_JSON_BYTES = 48 * 1024 * 1024
-
-_REPORT_TAG_RE = re.compile(r"^gpuprof/report/(\d+)(?:/rank(\d+))?$")
-_GPU_SCALAR_RE = re.compile(r"^gpuprof/gpu\d+/")
-
-
-
-
-def report_tag(step: int, rank: int | None = None) -> str:
-    """Tag of the report of the window ending at ``step`` (rank 0 / single process: no suffix)."""
-    if rank:
-        return f"{REPORT_TAG_PREFIX}{step}/rank{rank}"
-    return f"{REPORT_TAG_PREFIX}{step}"
-
-
-def parse_report_tag(tag: str) -> tuple[int, int] | None:
-    """(step, rank) of a report tag, or None for any other tag."""
-    m = _REPORT_TAG_RE.match(tag)
-    if m is None:
-        return None
-    return int(m.group(1)), int(m.group(2) or 0)
-
-
-def is_telemetry_scalar(tag: str) -> bool:
-    return bool(_GPU_SCALAR_RE.match(tag))
 
 
 def plugin_content(kind: str, schema_version: int | None = None) -> bytes:

@@ -22,7 +22,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from ..errors import TraceReadError
-from . import schema
+from . import layout, schema
 
 # Scalars are flushed at most this often while a run is going (reports flush at once), so a
 # live TensorBoard sees progress without a syscall per scalar.
@@ -72,10 +72,9 @@ class EventWriter:
         self.run_dir = os.fspath(run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
         self.rank = rank
-        rank_part = f".rank{self.rank}" if self.rank is not None else ""
         now = time.time()
-        name = (f"events.out.tfevents.{int(now)}.{_safe_host()}.{os.getpid()}."
-                f"{next(_file_counter)}.gpuprof{rank_part}{filename_suffix}")
+        name = layout.events_file_name(now, _safe_host(), os.getpid(), next(_file_counter),
+                                       self.rank, filename_suffix)
         self.path = os.path.join(self.run_dir, name)
         self._file = open(self.path, "xb")
         self._records = RecordWriter(self._file)
@@ -103,12 +102,12 @@ class EventWriter:
         """Store a report (docs/report-schema.md) as the window ending at ``step``."""
         blob, stored = schema.encode_report(report)
         content = schema.plugin_content("report", stored["schema_version"])
-        tag = schema.report_tag(_check_step(step), self.rank)
+        tag = layout.report_tag(_check_step(step), self.rank)
         self._write(self._event(_blob_summary(tag, blob, content), step, wall_time), flush=True)
 
     def add_json(self, tag: str, obj: Any, step: int, wall_time: float | None = None) -> None:
         """Another gpuprof JSON blob (e.g. "gpuprof/topology"); its latest step is current."""
-        if schema.parse_report_tag(tag) is not None:
+        if layout.parse_report_tag(tag) is not None:
             raise ValueError(f"{tag!r} is a report tag; use add_report")
         blob = schema.encode_json(obj)
         content = schema.plugin_content("json")
@@ -174,7 +173,7 @@ def _check_step(step: int) -> int:
 def _blob_summary(tag: str, blob: bytes, content: bytes) -> summary_pb2.Summary:
     metadata = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=schema.PLUGIN_NAME, content=content),
+            plugin_name=layout.PLUGIN_NAME, content=content),
         # Without a data class, both TensorBoard loaders silently drop plugin summaries.
         data_class=summary_pb2.DATA_CLASS_BLOB_SEQUENCE,
     )
@@ -190,8 +189,7 @@ def _blob_summary(tag: str, blob: bytes, content: bytes) -> summary_pb2.Summary:
 
 
 def traces_dir(run_dir: str | os.PathLike[str], step: int, rank: int | None = None) -> str:
-    name = f"step_{_check_step(step)}" + (f".rank{rank}" if rank else "")
-    return os.path.join(os.fspath(run_dir), *schema.TRACES_SUBDIR, name)
+    return layout.trace_dir(run_dir, _check_step(step), rank)
 
 
 def save_raw_trace(run_dir: str | os.PathLike[str], trace_path: str | os.PathLike[str], step: int,
@@ -206,8 +204,7 @@ def save_raw_trace(run_dir: str | os.PathLike[str], trace_path: str | os.PathLik
         raise TraceReadError(trace_path, "no such file")
     dest_dir = traces_dir(run_dir, step, rank)
     os.makedirs(dest_dir, exist_ok=True)
-    # A name with "tfevents" would make TensorBoard read the trace as an event file.
-    name = os.path.basename(trace_path).replace("tfevents", "tf_events")
+    name = layout.stored_trace_name(os.path.basename(trace_path))
     dest = os.path.join(dest_dir, name)
     tmp = f"{dest}.{os.getpid()}.tmp"
     try:

@@ -1,15 +1,13 @@
 // The overview: summary cards, iteration-time chart, top kernels, Tensor Core pie, GPU time
 // breakdown, recommendations and the recorded system configuration.
 import { useMemo, useState } from "preact/hooks";
-import { api } from "../api";
+import { api, storageTag } from "../api";
 import { COLORS, Chart } from "../charts";
 import { Card, Empty, ErrorBox, KeyValues, Loading, Panel, useAsync } from "../components";
 import { DASH, fmtMs, fmtNum, fmtPct, fmtUs, fmtValue, humanize } from "../format";
 import { KernelTable, TOP_COLUMNS } from "../kernelTable";
 import { Evidence, type OpenKernels } from "../evidence";
 import type { Bottleneck, Num, Recommendation, Report, RunInfo } from "../types";
-
-export const ITER_TAG = "gpuprof/iteration_time_ms";
 
 interface Props {
   run: RunInfo;
@@ -159,8 +157,9 @@ function SummaryCards({ report }: { report: Report }) {
 }
 
 function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; dark: boolean }) {
-  const hasScalars = run.scalar_tags.includes(ITER_TAG);
-  const scalars = useAsync(() => (hasScalars ? api.scalars(run.run, ITER_TAG) : null), [run.run, hasScalars]);
+  const iterTag = storageTag("iteration_time"); // the server names the tag (store/layout.py)
+  const hasScalars = iterTag !== null && run.scalar_tags.includes(iterTag);
+  const scalars = useAsync(() => (hasScalars && iterTag ? api.scalars(run.run, iterTag) : null), [run.run, hasScalars, iterTag]);
   const items = report.iterations?.items ?? [];
   const range = report.iterations?.range;
   const option = useMemo(() => {
@@ -192,7 +191,7 @@ function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; d
   if (!hasScalars && !items.length) return <Empty>no iteration times recorded for this run</Empty>;
   return (
     <>
-      {!hasScalars ? <div class="muted">no {ITER_TAG} scalars recorded; showing the profiled iterations</div> : null}
+      {!hasScalars ? <div class="muted">no {iterTag ?? "iteration-time"} scalars recorded; showing the profiled iterations</div> : null}
       <Chart option={option} dark={dark} label="iteration time per step" testId="iter-chart" />
       {option.clipped ? (
         <div class="muted" data-testid="iter-clipped">

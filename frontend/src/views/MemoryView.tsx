@@ -76,9 +76,10 @@ function Holders({ dev }: { dev: Gen.MemoryDevice }) {
 }
 
 function RunPeaks({ run, tags, dark }: { run: RunInfo; tags: Record<string, string>; dark: boolean }) {
-  const allocTag = tags.allocated_peak_mb ?? "gpuprof/memory_allocated_peak_mb";
-  const resTag = tags.reserved_peak_mb ?? "gpuprof/memory_reserved_peak_mb";
-  const has = run.scalar_tags.includes(allocTag);
+  // the report names the always-on tags (tb_gpuprof/store/layout.py owns them)
+  const allocTag = tags.allocated_peak_mb ?? "";
+  const resTag = tags.reserved_peak_mb ?? "";
+  const has = allocTag !== "" && run.scalar_tags.includes(allocTag);
   const alloc = useAsync(() => (has ? api.scalars(run.run, allocTag) : null), [run.run, has]);
   const res = useAsync(() => (has && run.scalar_tags.includes(resTag) ? api.scalars(run.run, resTag) : null), [run.run, has]);
   const option = useMemo(() => {
