@@ -329,7 +329,7 @@ def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Cov
         iv = (r.start_us, r.start_us + r.dur_us)
         (sync_iv if is_sync or r.correlation in blocking else launch_iv).append(iv)
     sync_cov, launch_cov = Coverage(sync_iv), Coverage(launch_iv)
-    cpu_cov = Coverage([(o.start_us, o.start_us + o.dur_us) for o in profile.cpu_ops])
+    cpu_cov = Coverage.of_spans(profile.cpu_ops)  # columns: no tuple per op
     return [("data_loading", dl_cov), ("synchronization", sync_cov),
             ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)]
 
