@@ -30,13 +30,12 @@ _WRAPPER_PREFIXES = ("autograd::", "Optimizer.", "ProfilerStep", "enumerate(Data
 class LaunchContext:
     launch_us: float
     op: str | None  # the op shown to users: outermost framework op (aten::linear, not aten::mm)
-    inner_op: str | None  # the op that launched it (aten::mm)
     eligible: bool  # some enclosing op is Tensor-Core eligible
     phase: str | None
     flop_op: int | None  # index into profile.cpu_ops of the enclosing op that carries FLOPs
     input_types: list[str] | None
     source: str | None  # deepest user frame, when stacks were recorded
-    launch_op: int | None = None  # index into profile.cpu_ops of inner_op (its shapes, types)
+    launch_op: int | None = None  # index into profile.cpu_ops of the op that launched it (aten::mm)
 
 
 def _user_frame(op: CpuOp) -> str | None:
@@ -69,7 +68,7 @@ def link_launches(profile: Profile, is_eligible
                 continue
             call = profile.runtime[idx]
             assert call.correlation is not None  # only correlated calls were queued
-            (outer, inner, is_elig, flop_op, types, source, launch_op, opt_range, backward,
+            (outer, _inner, is_elig, flop_op, types, source, launch_op, opt_range, backward,
              saw_op) = fold.summary(stack) if stack else _EMPTY
             # Backward wins over an enclosing optimizer step: closure optimizers (Lightning's
             # automatic optimisation, LBFGS) run forward and backward inside step(closure).
@@ -79,7 +78,7 @@ def link_launches(profile: Profile, is_eligible
                 phase = OPTIMIZER_PHASE
             else:  # no framework op around the launch (XLA, raw CUDA): unknown
                 phase = FORWARD if saw_op else None
-            out[call.correlation] = LaunchContext(call.start_us, outer, inner, is_elig, phase,
+            out[call.correlation] = LaunchContext(call.start_us, outer, is_elig, phase,
                                                   flop_op, types, source, launch_op)
             if opt_range is not None:
                 in_optimizer[call.correlation] = opt_range
