@@ -171,3 +171,5 @@ def test_a_large_export_is_read_in_a_window_of_whole_iterations(tmp_path):
     assert len(part.gpu) == 7 * len(part.annotations)  # no iteration cut in the middle
     rep = build_report(part)
     assert rep["iterations"]["count"] == len(part.annotations)
+    assert any("bounded memory" in w and "max_rows=None" in w for w in rep["warnings"])
+    assert not any("bounded memory" in w for w in build_report(whole)["warnings"])

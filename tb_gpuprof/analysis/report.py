@@ -80,6 +80,12 @@ def _assemble(profile: Profile, sel: IterationSelection, tally: Tally,
     are filled in after (they read the report)."""
     gpu_time = kernels.gpu_time_us
     warnings = sel.warnings
+    window = profile.metadata.get("read_window")
+    if window:  # a bounded read of a large Nsight export (readers/nsys.py)
+        warnings.append(
+            f"the export holds about {window['rows_in_export']:,} activity rows; to stay in "
+            f"bounded memory only the iterations that start within its first "
+            f"{window['max_rows']:,} rows were read (read_nsys(path, max_rows=None) reads all)")
     if not profile.gpu:
         warnings.append("the trace holds no GPU activity (CPU-only run or CUDA activities off); "
                         "Tensor Core and kernel views are empty")
