@@ -543,9 +543,11 @@ def run_jax_host_prep(out: str, smoke: bool) -> dict[str, Any]:
             "what": "numpy tanh x30 per batch on the host", "trace_dir": trace_dir}
 
 
-def run_jax_lm(out: str, smoke: bool, precision: str) -> dict[str, Any]:
+def jax_lm(smoke: bool, precision: str, rng: Any = None) -> tuple[Any, Any, dict[str, Any]]:
     """A jitted JAX MLP language model (embedding, 8 blocks of d=1024, ffn 4096, tied head),
-    batch 8 x 512 tokens; precision: fp32 (matmul precision highest), tf32 (default), bf16."""
+    batch 8 x 512 tokens, in ``precision``: fp32 (matmul precision highest; call the step
+    inside ``jax.default_matmul_precision(matmul_precision(precision))``), tf32, bf16.
+    Returns (initial params, jitted SGD step, what the loop is)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -553,7 +555,7 @@ def run_jax_lm(out: str, smoke: bool, precision: str) -> dict[str, Any]:
     d, ffn, layers, vocab, batch, seq = (64, 128, 2, 256, 2, 16) if smoke else \
         (1024, 4096, 8, 8192, 8, 512)
     dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
-    rng = np.random.default_rng(0)
+    rng = rng if rng is not None else np.random.default_rng(0)
 
     def init(shape: tuple[int, ...]) -> Any:
         return jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
@@ -577,7 +579,20 @@ def run_jax_lm(out: str, smoke: bool, precision: str) -> dict[str, Any]:
         g = jax.grad(loss_fn)(p)
         return jax.tree.map(lambda a, b: a - 1e-4 * b, p, g)
 
-    ctx = jax.default_matmul_precision("highest" if precision == "fp32" else "default")
+    return params, step, {"model": f"jax MLP LM {layers}x{d}", "batch": batch, "seq": seq,
+                          "precision": precision}
+
+
+def matmul_precision(precision: str) -> str:
+    return "highest" if precision == "fp32" else "default"
+
+
+def run_jax_lm(out: str, smoke: bool, precision: str) -> dict[str, Any]:
+    """The JAX LM of :func:`jax_lm`, timed without a profiler, then a jax.profiler trace."""
+    import jax
+
+    params, step, meta = jax_lm(smoke, precision)
+    ctx = jax.default_matmul_precision(matmul_precision(precision))
     with ctx:
         for _ in range(3):
             params = step(params)
@@ -594,9 +609,7 @@ def run_jax_lm(out: str, smoke: bool, precision: str) -> dict[str, Any]:
                 params = step(params)
         jax.block_until_ready(params)
         jax.profiler.stop_trace()
-    return {"model": f"jax MLP LM {layers}x{d}", "batch": batch, "seq": seq,
-            "precision": precision, "unprofiled_mean_ms": round(plain, 3),
-            "trace_dir": trace_dir}
+    return {**meta, "unprofiled_mean_ms": round(plain, 3), "trace_dir": trace_dir}
 
 
 # --------------------------------------------------------------------------- driver

@@ -190,49 +190,22 @@ def run_torch_ladder(ladder: str, out: str, smoke: bool, rounds: int, block: int
 
 
 def jax_lm_rungs(smoke: bool) -> tuple[list[Rung], Callable[[], None]]:
+    """The JAX LM of diagnosis_cases.jax_lm in each precision, from the same initial weights."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
+    from diagnosis_cases import jax_lm, matmul_precision
 
-    d, ffn, layers, vocab, batch, seq = (64, 128, 2, 256, 2, 16) if smoke else \
-        (1024, 4096, 8, 8192, 8, 512)
-    rng = np.random.default_rng(0)
-
-    def init(shape: tuple[int, ...]) -> Any:
-        return jnp.asarray(rng.standard_normal(shape, np.float32) * 0.02)
-
-    params0 = {"emb": init((vocab, d)),
-               "blocks": [(init((d, ffn)), init((ffn, d))) for _ in range(layers)]}
-    ids = jnp.asarray(rng.integers(0, vocab, (batch, seq)))
     state: dict[str, Any] = {}
 
     def make(precision: str) -> Rung:
-        dtype = jnp.bfloat16 if precision == "bf16" else jnp.float32
-        matmul = "highest" if precision == "fp32" else "default"
-
-        def loss_fn(p: Any) -> Any:
-            cast = jax.tree.map(lambda a: a.astype(dtype), p)
-            h = cast["emb"][ids]
-            for w1, w2 in cast["blocks"]:
-                z = h.astype(jnp.float32)
-                z = (z - z.mean(-1, keepdims=True)) * jax.lax.rsqrt(
-                    z.var(-1, keepdims=True) + 1e-5)
-                h = h + jax.nn.gelu(z.astype(dtype) @ w1) @ w2
-            logits = (h @ cast["emb"].T).astype(jnp.float32)
-            return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
-
-        with jax.default_matmul_precision(matmul):
-            jitted = jax.jit(lambda p: jax.tree.map(lambda a, b: a - 1e-4 * b, p,
-                                                    jax.grad(loss_fn)(p)))
+        params0, jitted, meta = jax_lm(smoke, precision)
+        matmul = matmul_precision(precision)
         state[precision] = params0
 
         def step() -> None:
             with jax.default_matmul_precision(matmul):
                 state[precision] = jitted(state[precision])
 
-        return Rung(f"jax_lm_{precision}", step, meta={
-            "model": f"jax MLP LM {layers}x{d}", "batch": batch, "seq": seq,
-            "precision": precision})
+        return Rung(f"jax_lm_{precision}", step, meta=meta)
 
     def sync() -> None:
         jax.block_until_ready(list(state.values()))
