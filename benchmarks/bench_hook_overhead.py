@@ -168,8 +168,36 @@ def timed(run: Callable[[], None]) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def new_plan(args: argparse.Namespace) -> Plan:
-    return Plan(args.block, args.groups, args.after, args.windows)
+def new_plan(args: argparse.Namespace, torch_process: bool = True) -> Plan:
+    return Plan(args.block, args.groups, args.after, args.windows,
+                torch_launch_probe() if torch_process else None)
+
+
+def torch_launch_probe() -> Callable[[], float]:
+    """The CUDA launch probe: a tiny in-place add launched 200 times on the GPU, over the
+    same op 200 times on a CPU tensor timed just before it (best of 3 each). Both go through
+    the same dispatcher, so the host's speed cancels; CUPTI's callbacks are on the launch
+    path only. On a machine without a GPU both are CPU ops (ratio ~1; smoke runs)."""
+    import torch
+
+    cpu, dev = torch.zeros(8), torch.zeros(8, device=device())
+
+    def probe() -> float:
+        sync()
+        best_cpu = best_dev = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(200):
+                cpu.add_(1.0)
+            t1 = time.perf_counter()
+            for _ in range(200):
+                dev.add_(1.0)
+            t2 = time.perf_counter()
+            best_cpu, best_dev = min(best_cpu, t1 - t0), min(best_dev, t2 - t1)
+        sync()
+        return best_dev / best_cpu
+
+    return probe
 
 
 def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
@@ -416,7 +444,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
 
     from tb_gpuprof.keras import GpuProfCallback
 
-    plan = new_plan(args)
+    plan = new_plan(args, torch_process=backend == "torch")
     clock = BlockClock(plan, args.block, sync if backend == "torch" else lambda: None)
     # JAX/TF: Keras makes the logs numbers before a batch end, so the step has finished
     order = [False] * 3 + plan.always_on_order()
@@ -570,8 +598,10 @@ def format_row(r: dict[str, Any]) -> str:
         return txt + f" n={r.get(f'{name}_n')} (raw {raw})"
 
     return (f"{head} bare {r['bare_ms']:8.3f} ms | always-on {g('always_on')} | during "
-            f"{g('during_analysis')} | after {g('after_window')} | blocks {r['blocks']}, "
-            f"{r.get('seconds', '?')} s")
+            f"{g('during_analysis')} | after {g('after_window')} | launch probe during "
+            f"{r.get('during_analysis_launch_ratio')} {r.get('during_analysis_launch_ci90')} "
+            f"after {r.get('after_window_launch_ratio')} {r.get('after_window_launch_ci90')} "
+            f"| blocks {r['blocks']}, {r.get('seconds', '?')} s")
 
 
 def main() -> int:

@@ -18,8 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-# (ms per iteration, probe ms just before the block, probe ms just after it)
-Block = tuple[float, float, float]
+# (ms per iteration, probe ms just before the block, probe ms just after it, the launch
+# probe's CUDA / CPU time ratio just before the block, or 0.0 where there is none)
+Block = tuple[float, float, float, float]
 STEADY_SPREAD = 1.25  # probes within this factor: one host state (the two are ~1.8x apart)
 SAME_STATE = 1.25  # a block's reference: bare blocks whose probe is within this factor
 
@@ -40,7 +41,7 @@ def cpu_probe_ms() -> float:
 
 
 def steady(*blocks: Block) -> bool:
-    probes = [p for b in blocks for p in b[1:]]
+    probes = [p for b in blocks for p in b[1:3]]
     return max(probes) <= STEADY_SPREAD * min(probes)
 
 
@@ -83,10 +84,31 @@ def _summary(name: str, ratios: list[float], raw: float | None) -> dict[str, Any
     return out
 
 
+def launch_summary(bare: Sequence[Block], during: Sequence[Block],
+                   post: Sequence[Block]) -> dict[str, Any]:
+    """The launch probe (CUDA over CPU time of the same tiny op, measured back to back, so
+    the host's speed cancels) during and after the windows over its bare value: how much
+    slower a CUDA launch is, which is what a CUPTI left subscribed changes."""
+    ref = [b[3] for b in bare if b[3] > 0]
+    out: dict[str, Any] = {"launch_probe_bare": round(statistics.median(ref), 4) if ref
+                           else None}
+    for name, xs in (("during_analysis", during), ("after_window", post)):
+        vals = [b[3] for b in xs if b[3] > 0]
+        if not vals or not ref:
+            out[f"{name}_launch_ratio"] = None
+            continue
+        out[f"{name}_launch_ratio"] = round(statistics.median(vals) / statistics.median(ref), 4)
+        out[f"{name}_launch_ci90"] = bootstrap_ci(lambda r, v=vals: statistics.median(
+            r.choices(v, k=len(v))) / statistics.median(r.choices(ref, k=len(ref))))
+    return out
+
+
 class Plan:
     """Blocks to time, the windows, and what came of them."""
 
-    def __init__(self, block: int, groups: int, after: int, windows: int) -> None:
+    def __init__(self, block: int, groups: int, after: int, windows: int,
+                 launch_probe: Callable[[], float] | None = None) -> None:
+        self.launch_probe = launch_probe
         self.block_iterations, self.groups = block, groups
         self.after, self.windows = after, windows
         self.pairs: list[tuple[Block, Block]] = []
@@ -96,16 +118,18 @@ class Plan:
         self.window = 0  # windows begun
         self.after_iterations = 0  # in the current window's "after" phase
         self.probe_before = 0.0
+        self.launch_before = 0.0
 
     def always_on_order(self) -> list[bool]:
         """hooked? per block, ABBA groups: bare, hooked, hooked, bare."""
         return [False, True, True, False] * self.groups
 
     def start_block(self) -> None:
+        self.launch_before = self.launch_probe() if self.launch_probe is not None else 0.0
         self.probe_before = cpu_probe_ms()
 
     def end_block(self, ms: float) -> Block:
-        return (ms, self.probe_before, cpu_probe_ms())
+        return (ms, self.probe_before, cpu_probe_ms(), self.launch_before)
 
     def record_always_on(self, times: list[tuple[bool, Block]]) -> None:
         self.bare = [b for hooked, b in times if not hooked]
@@ -148,6 +172,7 @@ class Plan:
                        raw(self.during)),
             **_summary("after_window", state_matched_ratios(self.post, self.bare),
                        raw(self.post)),
+            **launch_summary(self.bare, self.during, self.post),
             "blocks": {"pairs": len(self.pairs), "bare": len(self.bare),
                        "during": len(self.during), "after": len(self.post)},
             "raw_blocks": {"pairs": self.pairs, "during": self.during, "after": self.post}}
