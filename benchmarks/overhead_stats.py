@@ -60,17 +60,19 @@ def pair_ratios(pairs: Sequence[tuple[Block, Block]], matched: bool) -> list[flo
     return [h[0] / b[0] for b, h in pairs if not matched or steady(b, h)]
 
 
-def state_matched_ratios(blocks: Sequence[Block], bare: Sequence[Block]) -> list[float]:
-    """Each steady block against the median of the steady bare blocks of its host state."""
-    ref = [b for b in bare if steady(b)]
+def state_matched_ratios(blocks: Sequence[Block], bare: Sequence[Block],
+                         field: int = 0) -> list[float]:
+    """Each steady block's ``field`` (0: ms per iteration, 3: the launch probe) against the
+    median of that field over the steady bare blocks of its host state."""
+    ref = [b for b in bare if steady(b) and b[field] > 0]
     out = []
     for b in blocks:
-        if not steady(b):
+        if not steady(b) or b[field] <= 0:
             continue
         p = probe_of(b)
-        same = [r[0] for r in ref if p / SAME_STATE <= probe_of(r) <= p * SAME_STATE]
+        same = [r[field] for r in ref if p / SAME_STATE <= probe_of(r) <= p * SAME_STATE]
         if len(same) >= 3:
-            out.append(b[0] / statistics.median(same))
+            out.append(b[field] / statistics.median(same))
     return out
 
 
@@ -86,21 +88,40 @@ def _summary(name: str, ratios: list[float], raw: float | None) -> dict[str, Any
 
 def launch_summary(bare: Sequence[Block], during: Sequence[Block],
                    post: Sequence[Block]) -> dict[str, Any]:
-    """The launch probe (CUDA over CPU time of the same tiny op, measured back to back, so
-    the host's speed cancels) during and after the windows over its bare value: how much
-    slower a CUDA launch is, which is what a CUPTI left subscribed changes."""
+    """The launch probe (CUDA over CPU time of the same tiny op, back to back) during and
+    after the windows against bare blocks of the same host state: how much slower a CUDA
+    launch is, which is what a CUPTI left subscribed changes. (The ratio itself depends on
+    the host state, about 1.7 in the slow one and 2.1 in the fast one.)"""
     ref = [b[3] for b in bare if b[3] > 0]
     out: dict[str, Any] = {"launch_probe_bare": round(statistics.median(ref), 4) if ref
                            else None}
     for name, xs in (("during_analysis", during), ("after_window", post)):
-        vals = [b[3] for b in xs if b[3] > 0]
-        if not vals or not ref:
-            out[f"{name}_launch_ratio"] = None
-            continue
-        out[f"{name}_launch_ratio"] = round(statistics.median(vals) / statistics.median(ref), 4)
-        out[f"{name}_launch_ci90"] = bootstrap_ci(lambda r, v=vals: statistics.median(
-            r.choices(v, k=len(v))) / statistics.median(r.choices(ref, k=len(ref))))
+        ratios = state_matched_ratios(xs, bare, field=3)
+        out[f"{name}_launch_ratio"] = round(statistics.median(ratios), 4) if ratios else None
+        out[f"{name}_launch_n"] = len(ratios)
+        if ratios:
+            out[f"{name}_launch_ci90"] = bootstrap_ci(lambda r, v=ratios: statistics.median(
+                r.choices(v, k=len(v))))
     return out
+
+
+def from_recorded(row: dict[str, Any]) -> dict[str, Any]:
+    """A recorded row (``--out``'s JSON) summarised again from its ``raw_blocks``."""
+    raw = row["raw_blocks"]
+
+    def block(b: Sequence[float]) -> Block:  # recorded before the launch probe: 3 fields
+        return (b[0], b[1], b[2], b[3] if len(b) > 3 else 0.0)
+
+    pairs = [(block(b), block(h)) for b, h in raw["pairs"]]
+    plan = Plan(row["block_iterations"], 0, 0, row.get("windows", 1))
+    plan.window = row.get("windows", 1)
+    plan.pairs = pairs
+    plan.bare = [b for b, _ in pairs]
+    plan.during = [block(b) for b in raw["during"]]
+    plan.post = [block(b) for b in raw["after"]]
+    keep = {k: row[k] for k in ("hook", "workload", "analysis_s", "report", "seconds")
+            if k in row}
+    return plan.result(keep)
 
 
 class Plan:
