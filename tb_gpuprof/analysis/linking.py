@@ -9,10 +9,10 @@ containment search, so million-event traces stay fast.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..model import OPTIMIZER, Annotation, CpuOp, Profile
@@ -26,8 +26,11 @@ _WRAPPER_PREFIXES = ("autograd::", "Optimizer.", "ProfilerStep", "enumerate(Data
                      "cudaLaunch", "cuLaunch")
 
 
-@dataclass(slots=True)
-class LaunchContext:
+class LaunchContext(msgspec.Struct, gc=False):
+    """What launched one kernel. A msgspec Struct outside the cycle collector (one per launch,
+    no reference cycles): tens of thousands of tracked objects made every full collection
+    during the report walk them all."""
+
     launch_us: float
     op: str | None  # the op shown to users: outermost framework op (aten::linear, not aten::mm)
     eligible: bool  # some enclosing op is Tensor-Core eligible
