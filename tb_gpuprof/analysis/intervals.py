@@ -76,6 +76,7 @@ class Coverage:
     """Merged intervals with prefix sums: overlap with any [a, b) in O(log n)."""
 
     def __init__(self, intervals: list[tuple[float, float]]) -> None:
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         if len(intervals) < _NUMPY_MIN:
             self.iv = merge(intervals)
             self.starts = [s for s, _ in self.iv]
@@ -85,6 +86,14 @@ class Coverage:
             return
         flat = np.fromiter(chain.from_iterable(intervals), np.float64, 2 * len(intervals))
         self._from_arrays(flat[0::2], flat[1::2])
+
+    @classmethod
+    def of_columns(cls, starts: np.ndarray, ends: np.ndarray) -> Coverage:
+        """``Coverage(list(zip(starts, ends)))`` without the tuples: the same small-input path
+        below ``_NUMPY_MIN`` intervals, the same arrays above it."""
+        if len(starts) < _NUMPY_MIN:
+            return cls(list(zip(starts.tolist(), ends.tolist(), strict=True)))
+        return cls.of_arrays(starts, ends)
 
     @classmethod
     def of_spans(cls, items: Sequence[Any]) -> Coverage:
@@ -115,7 +124,32 @@ class Coverage:
         self.starts = run_starts.tolist()
         self.iv = list(zip(self.starts, run_ends.tolist(), strict=True))
         # cumsum adds left to right, as the loop above does: the same prefix sums
-        self.prefix = [0.0, *np.cumsum(run_ends - run_starts).tolist()]
+        prefix = np.concatenate(([0.0], np.cumsum(run_ends - run_starts)))
+        self.prefix = prefix.tolist()
+        self._arrays = (run_starts, run_ends, prefix)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, ends, prefix sums) of the merged intervals as numpy columns (made once)."""
+        if self._arrays is None:
+            self._arrays = (np.array(self.starts, np.float64),
+                            np.array([e for _, e in self.iv], np.float64),
+                            np.array(self.prefix, np.float64))
+        return self._arrays
+
+    def overlaps(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`overlap` of every [a[i], b[i]) at once, with the same arithmetic."""
+        if not self.iv:
+            return np.zeros(len(a))
+        starts, ends, prefix = self.arrays()
+        lo = np.maximum(np.searchsorted(starts, a, "right") - 1, 0)
+        hi = np.maximum(np.searchsorted(starts, b, "left"), lo)
+        total = prefix[hi] - prefix[lo]
+        s, e = starts[lo], ends[lo]
+        total = np.where(a > s, total - np.where(a < e, a - s, e - s), total)
+        last = np.maximum(hi - 1, 0)
+        s, e = starts[last], ends[last]
+        total = np.where(e > b, total - np.where(b > s, e - b, e - s), total)
+        return np.where((b > a) & (hi > lo) & (total > 0.0), total, 0.0)
 
     def overlap(self, a: float, b: float) -> float:
         """Covered time inside [a, b): prefix sums, then trim the two boundary intervals."""
@@ -157,6 +191,26 @@ class Coverage:
         lo = max(bisect.bisect_right(self.starts, a) - 1, 0)
         hi = bisect.bisect_left(self.starts, b)
         return [iv for iv in self.iv[lo:hi] if iv[1] > a]
+
+    def gap_columns(self, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`gaps` as (starts, ends) columns. The intervals are disjoint and ascending,
+        so the time covered so far before interval k is max(a, end of k - 1), and only the
+        first one can end before a (it is then skipped, as in the loop)."""
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        j = max(bisect.bisect_left(self.starts, b), i)
+        if j == i:
+            return (np.array([a]), np.array([b])) if a < b else (np.empty(0), np.empty(0))
+        starts, ends, _ = self.arrays()
+        s = starts[i:j]
+        cur = np.empty(j - i)
+        cur[0] = a
+        np.maximum(a, ends[i:j - 1], out=cur[1:])
+        opens = s > cur
+        gs, ge = cur[opens], s[opens]
+        last = max(a, float(ends[j - 1]))
+        if last < b:
+            gs, ge = np.append(gs, last), np.append(ge, b)
+        return gs, ge
 
     def gaps(self, a: float, b: float) -> list[tuple[float, float]]:
         out = []

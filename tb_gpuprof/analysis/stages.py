@@ -13,7 +13,10 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
+
+import numpy as np
 
 from ..errors import EmptyProfileError
 from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
@@ -43,6 +46,9 @@ _DTYPE_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32
                     "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
                     "signed char": "int8", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
                     "float32": "fp32"}
+
+_START, _DUR = attrgetter("start_us"), attrgetter("dur_us")
+_NAME, _CORRELATION = attrgetter("name"), attrgetter("correlation")
 
 Assigned = list[tuple[GpuActivity, LaunchContext | None]]  # one iteration's GPU work
 
@@ -319,17 +325,19 @@ def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Cov
     ``cudaStreamWaitEvent`` are launch overhead, not a host sync."""
     dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
                        if x.kind == DATALOADER and not x.on_gpu])
-    sync_iv: list[tuple[float, float]] = []
-    launch_iv: list[tuple[float, float]] = []
-    host_sync: dict[str, bool] = {}  # by name: a trace has few distinct runtime call names
-    for r in profile.runtime:
-        is_sync = host_sync.get(r.name)
-        if is_sync is None:
-            is_sync = host_sync[r.name] = is_host_sync(r.name)
-        iv = (r.start_us, r.start_us + r.dur_us)
-        (sync_iv if is_sync or r.correlation in blocking else launch_iv).append(iv)
-    sync_cov, launch_cov = Coverage(sync_iv), Coverage(launch_iv)
-    cpu_cov = Coverage.of_spans(profile.cpu_ops)  # columns: no tuple per op
+    # Runtime calls and ops are most of the trace: columns, no tuple per event, and each
+    # distinct runtime call name judged once.
+    rt = profile.runtime
+    starts = np.fromiter(map(_START, rt), np.float64, len(rt))
+    ends = starts + np.fromiter(map(_DUR, rt), np.float64, len(rt))
+    names = list(map(_NAME, rt))
+    host_sync = {name: is_host_sync(name) for name in set(names)}
+    is_sync = np.fromiter(map(host_sync.__getitem__, names), bool, len(rt))
+    if blocking:
+        is_sync |= np.fromiter(map(blocking.__contains__, map(_CORRELATION, rt)), bool, len(rt))
+    sync_cov = Coverage.of_columns(starts[is_sync], ends[is_sync])
+    launch_cov = Coverage.of_columns(starts[~is_sync], ends[~is_sync])
+    cpu_cov = Coverage.of_spans(profile.cpu_ops)
     return [("data_loading", dl_cov), ("synchronization", sync_cov),
             ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)]
 
@@ -362,13 +370,16 @@ def _charge_idle(busy: Coverage, w: IterationWindow, idle: float,
     """What was the host doing while the GPU had nothing? Attribute the gaps in priority order,
     then scale so the attribution sums to this iteration's idle time."""
     attr = dict.fromkeys(idle_attr, 0.0)
-    for gs, ge in busy.gaps(w.start_us, w.end_us):
+    # All gaps at once, as the loop over gaps did one by one: each cause takes what it
+    # covers of what is left of a gap; the sums run over the gaps left to right (cumsum).
+    gs, ge = busy.gap_columns(w.start_us, w.end_us)
+    if len(gs):
         left = ge - gs
         for name, cov in causes:
-            part = min(left, cov.overlap(gs, ge))
-            attr[name] += part
-            left -= part
-        attr["other"] += left
+            part = np.minimum(left, cov.overlaps(gs, ge))
+            attr[name] = float(np.cumsum(part)[-1])
+            left = left - part
+        attr["other"] = float(np.cumsum(left)[-1])
     gap_total = sum(attr.values())
     for name, v in attr.items():
         idle_attr[name] += v * idle / gap_total if gap_total > 0 else 0.0
