@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..model import DATALOADER, KERNEL, OPTIMIZER, STEP, Profile
+from . import columns
 from .intervals import Coverage, Intervals, length, merge, subtract
 
 CLASSES = ("gpu", "copy", "communication", "dispatch", "host", "data_wait", "sync")
@@ -131,15 +132,15 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     """(sync, other) [start, end) columns of the ops or runtime calls on the launching threads
     (all threads when none launches); sync as :func:`is_sync_call` says."""
     n = len(items)
-    starts = np.fromiter(map(_START, items), np.float64, n)
-    ends = starts + np.fromiter(map(_DUR, items), np.float64, n)
-    names = list(map(_NAME, items))
+    starts, ends = columns.floats(items, "start_us"), columns.ends(items)
+    names = columns.values(items, "name")
     verdict = {name: is_host_sync(name) for name in set(names)}
     is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
     if blocking:
-        is_sync |= np.fromiter((c in blocking for c in map(_CORRELATION, items)), bool, n)
+        is_sync |= np.fromiter(map(blocking.__contains__, columns.values(items, "correlation")),
+                               bool, n)
     if tids:
-        on_host = np.fromiter(map(tids.__contains__, map(_TID, items)), bool, n)
+        on_host = np.fromiter(map(tids.__contains__, columns.values(items, "tid")), bool, n)
     else:
         on_host = np.ones(n, dtype=bool)
     sync, other = on_host & is_sync, on_host & ~is_sync

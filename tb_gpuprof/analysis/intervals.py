@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from . import columns
+
 Intervals = list[tuple[float, float]]
 _START, _DUR = attrgetter("start_us"), attrgetter("dur_us")
 
@@ -98,9 +100,7 @@ class Coverage:
     @classmethod
     def of_spans(cls, items: Sequence[Any]) -> Coverage:
         """The union of model events' [start_us, start_us + dur_us) (GpuActivity, CpuOp, ...)."""
-        starts = np.fromiter(map(_START, items), np.float64, len(items))
-        durs = np.fromiter(map(_DUR, items), np.float64, len(items))
-        return cls.of_arrays(starts, starts + durs)
+        return cls.of_arrays(columns.floats(items, "start_us"), columns.ends(items))
 
     @classmethod
     def of_arrays(cls, starts: np.ndarray, ends: np.ndarray) -> Coverage:

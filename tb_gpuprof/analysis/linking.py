@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 
 from ..model import OPTIMIZER, Annotation, CpuOp, Profile
+from . import columns
 from .flops import op_flops
 
 FORWARD = "forward"
@@ -103,10 +104,10 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
     that launch nothing are skipped: no launch of theirs needs a context."""
     ops = profile.cpu_ops
     codes: dict[int, int] = {}  # tid -> a small int, so threads are told apart in numpy
-    op_tid = np.fromiter((codes.setdefault(t, len(codes)) for t in map(_TID, ops)), np.int64,
-                         len(ops))
-    op_start = np.fromiter(map(_START, ops), np.float64, len(ops))
-    op_dur = np.fromiter(map(_DUR, ops), np.float64, len(ops))
+    op_tid = np.fromiter((codes.setdefault(t, len(codes)) for t in columns.values(ops, "tid")),
+                         np.int64, len(ops))
+    op_start = columns.floats(ops, "start_us")
+    op_dur = columns.floats(ops, "dur_us")
     ann_start = np.array([a.start_us for a in host_ann], np.float64)
     ann_dur = np.array([a.dur_us for a in host_ann], np.float64)
     launches: dict[int, list[int]] = {}
@@ -123,9 +124,9 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
                                 np.full(len(calls), _LAUNCH)])
         index = np.concatenate([op_idx, np.arange(len(host_ann)), np.array(calls, np.int64)])
         order = np.lexsort((index, kinds, -durs, starts))
-        columns = _drop_closed(starts[order], kinds[order], index[order],
+        swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
-        yield tuple(c.tolist() for c in columns)
+        yield tuple(c.tolist() for c in swept)
 
 
 def _drop_closed(starts: np.ndarray, kinds: np.ndarray, index: np.ndarray, ends: np.ndarray,

@@ -13,13 +13,13 @@ from __future__ import annotations
 import bisect
 import statistics
 from dataclasses import dataclass, field
-from operator import attrgetter
 from typing import Any
 
 import numpy as np
 
 from ..errors import EmptyProfileError
 from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
+from . import columns
 from .bottleneck import (
     GLUE_MAX_US,
     HostTimeline,
@@ -46,9 +46,6 @@ _DTYPE_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32
                     "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8",
                     "signed char": "int8", "bfloat16": "bf16", "half": "fp16", "float16": "fp16",
                     "float32": "fp32"}
-
-_START, _DUR = attrgetter("start_us"), attrgetter("dur_us")
-_NAME, _CORRELATION = attrgetter("name"), attrgetter("correlation")
 
 Assigned = list[tuple[GpuActivity, LaunchContext | None]]  # one iteration's GPU work
 
@@ -328,13 +325,13 @@ def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Cov
     # Runtime calls and ops are most of the trace: columns, no tuple per event, and each
     # distinct runtime call name judged once.
     rt = profile.runtime
-    starts = np.fromiter(map(_START, rt), np.float64, len(rt))
-    ends = starts + np.fromiter(map(_DUR, rt), np.float64, len(rt))
-    names = list(map(_NAME, rt))
+    starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    names = columns.values(rt, "name")
     host_sync = {name: is_host_sync(name) for name in set(names)}
     is_sync = np.fromiter(map(host_sync.__getitem__, names), bool, len(rt))
     if blocking:
-        is_sync |= np.fromiter(map(blocking.__contains__, map(_CORRELATION, rt)), bool, len(rt))
+        is_sync |= np.fromiter(map(blocking.__contains__, columns.values(rt, "correlation")),
+                               bool, len(rt))
     sync_cov = Coverage.of_columns(starts[is_sync], ends[is_sync])
     launch_cov = Coverage.of_columns(starts[~is_sync], ends[~is_sync])
     cpu_cov = Coverage.of_spans(profile.cpu_ops)
