@@ -61,3 +61,28 @@ def test_column_queries_equal_the_scalar_ones_bit_for_bit():
             qa, qb = np.array([a, b, a]), np.array([b, a, b + 3.0])
             assert cov.overlaps(qa, qb).tolist() == [cov.overlap(x, y) for x, y in
                                                      zip(qa.tolist(), qb.tolist(), strict=True)]
+
+
+def test_clip_columns_and_segment_sums_equal_the_loops():
+    import numpy as np
+
+    from tb_gpuprof.analysis.intervals import segment_sums
+
+    rng = random.Random(5)
+    for _ in range(100):
+        n = rng.choice([0, 3, 40, 600])
+        cov = Coverage([(s := rng.uniform(0, 1000), s + rng.uniform(0, 30)) for _ in range(n)])
+        a = np.array([rng.uniform(-10, 1010) for _ in range(25)])
+        b = a + np.array([rng.choice([0.0, -2.0, rng.uniform(0, 200)]) for _ in range(25)])
+        query, ps, pe = cov.clip_columns(a, b)
+        got: list[list[tuple[float, float]]] = [[] for _ in a]
+        for q, s, e in zip(query.tolist(), ps.tolist(), pe.tolist(), strict=True):
+            got[q].append((s, e))
+        assert got == [cov.clip(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+        # sums in the loop's order: values of very different size, so the order shows
+        seg = sorted(rng.randrange(6) for _ in range(rng.randrange(60)))
+        vals = [rng.choice([1e12, 1.0, 1e-7]) * rng.random() for _ in seg]
+        want = [0.0] * 6
+        for g, v in zip(seg, vals, strict=True):
+            want[g] += v
+        assert segment_sums(np.array(vals), np.array(seg, np.int64), 6).tolist() == want

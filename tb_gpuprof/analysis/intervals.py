@@ -71,6 +71,24 @@ def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -
     return sum(max(min(e, hi) - max(s, lo), 0.0) for s, e in iv)
 
 
+def segment_sums(values: np.ndarray, segment: np.ndarray, n: int) -> np.ndarray:
+    """Per segment (``segment`` ascending, in 0..n-1), the sum of its values added left to
+    right from 0.0: the floats a Python ``total += v`` loop per segment gives (numpy's own
+    reductions add pairwise, so they may differ in the last digit). One vectorized addition
+    per position within a segment, so it suits many short segments."""
+    out = np.zeros(n)
+    if not len(values):
+        return out
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+    pos = np.arange(len(values)) - np.repeat(starts, np.diff(np.r_[starts, len(values)]))
+    order = np.argsort(pos, kind="stable")
+    bounds = np.searchsorted(pos[order], np.arange(int(pos.max()) + 2))
+    for d in range(len(bounds) - 1):
+        at = order[bounds[d]:bounds[d + 1]]  # each segment's d-th value: no segment twice
+        out[segment[at]] += values[at]
+    return out
+
+
 _NUMPY_MIN = 256  # below this many intervals the plain merge is faster than numpy's
 
 
@@ -150,6 +168,24 @@ class Coverage:
         s, e = starts[last], ends[last]
         total = np.where(e > b, total - np.where(b > s, e - b, e - s), total)
         return np.where((b > a) & (hi > lo) & (total > 0.0), total, 0.0)
+
+    def clip_columns(self, a: np.ndarray, b: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`clip` of every [a[i], b[i]) at once: (query index, piece start, piece end),
+        the pieces of each query in order, queries in order."""
+        if not self.iv:
+            return np.empty(0, np.int64), np.empty(0), np.empty(0)
+        starts, ends, _ = self.arrays()
+        lo = np.maximum(np.searchsorted(starts, a, "right") - 1, 0)
+        hi = np.maximum(np.searchsorted(starts, b, "left"), lo)
+        counts = hi - lo
+        query = np.repeat(np.arange(len(a)), counts)
+        first = np.cumsum(counts) - counts  # where each query's candidates begin
+        idx = np.repeat(lo - first, counts) + np.arange(len(query))
+        qa, qb, s, e = a[query], b[query], starts[idx], ends[idx]
+        keep = e > qa  # only a query's first candidate can end before it starts
+        query, qa, qb, s, e = query[keep], qa[keep], qb[keep], s[keep], e[keep]
+        return query, np.where(s > qa, s, qa), np.where(e < qb, e, qb)
 
     def overlap(self, a: float, b: float) -> float:
         """Covered time inside [a, b): prefix sums, then trim the two boundary intervals."""
