@@ -86,3 +86,37 @@ def test_clip_columns_and_segment_sums_equal_the_loops():
         for g, v in zip(seg, vals, strict=True):
             want[g] += v
         assert segment_sums(np.array(vals), np.array(seg, np.int64), 6).tolist() == want
+
+
+def test_subtract_in_columns_equals_the_loop():
+    """Large inputs take numpy's path: the same pieces as the loop, also with zero-length and
+    touching intervals (which split a), and an empty or unsorted b."""
+    rng = random.Random(9)
+    for _ in range(200):
+        a = merge((s := float(rng.randrange(4000)) / 2, s + rng.choice([1.0, 2.5]))
+                  for _ in range(rng.choice([1, 300])))
+        b = merge((s := float(rng.randrange(4000)) / 2, s + rng.choice([0.5, 3.0]))
+                  for _ in range(rng.choice([0, 300])))
+        if b and rng.random() < 0.5:
+            b = sorted(b + [(s, s) for s, _ in b[::7]])  # zero-length, touching its neighbour
+        want = _subtract_loop(a, b)
+        assert subtract(a, b) == want
+    unsorted = [(5.0, 6.0), (1.0, 2.0)] * 200
+    assert subtract(unsorted, [(1.5, 5.5)]) == _subtract_loop(unsorted, [(1.5, 5.5)])
+
+
+def _subtract_loop(a, b):
+    out, j = [], 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out
