@@ -103,9 +103,15 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
     (start, kind, index, end) columns, ordered by (start, -duration, kind, index). Threads
     that launch nothing are skipped: no launch of theirs needs a context."""
     ops = profile.cpu_ops
-    codes: dict[int, int] = {}  # tid -> a small int, so threads are told apart in numpy
-    op_tid = np.fromiter((codes.setdefault(t, len(codes)) for t in columns.values(ops, "tid")),
-                         np.int64, len(ops))
+    tids = columns.values(ops, "tid")
+    distinct = set(tids)
+    # each thread as an int, so threads are told apart in numpy: int ids are their own code
+    codes: dict[Any, int] = {t: t for t in distinct}
+    if all(type(t) is int and abs(t) < 2**62 for t in distinct):
+        op_tid = np.array(tids, np.int64)
+    else:
+        codes = {t: i for i, t in enumerate(distinct)}
+        op_tid = np.fromiter(map(codes.__getitem__, tids), np.int64, len(ops))
     op_start = columns.floats(ops, "start_us")
     op_dur = columns.floats(ops, "dur_us")
     ann_start = np.array([a.start_us for a in host_ann], np.float64)
@@ -116,7 +122,8 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
             launches.setdefault(r.tid, []).append(i)
     # Annotations carry no tid in the model: put them on every thread that launches work.
     for tid, calls in launches.items():
-        op_idx = np.flatnonzero(op_tid == codes.get(tid, -1))
+        op_idx = (np.flatnonzero(op_tid == codes[tid]) if tid in codes
+                  else np.empty(0, np.int64))
         call_start = np.array([profile.runtime[i].start_us for i in calls], np.float64)
         starts = np.concatenate([op_start[op_idx], ann_start, call_start])
         durs = np.concatenate([op_dur[op_idx], ann_dur, np.zeros(len(calls))])
