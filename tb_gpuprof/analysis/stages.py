@@ -248,12 +248,20 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
     totals, kernels, sim_kernels = t.totals, t.kernels, t.sim_kernels
     category_us, precision_us, phase_us = t.category_us, t.precision_us, t.phase_us
     phase_known = False
+    # kernel_class reads these of an activity and its launch; input type lists are shared
+    # between ops by the reader and live as long as the launches that hold them
+    classes: dict[tuple, tuple[KernelClass, str, bool]] = {}
     for acts in per_window:
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
         busy_iv = []
         for a, ctx in acts:
-            cls, precision, eligible = kernel_class(a, ctx)
+            key = (a.name, a.kind, a.op_type, a.op, None) if ctx is None else (
+                a.name, a.kind, a.op_type, a.op, ctx.eligible, id(ctx.input_types))
+            judged = classes.get(key)
+            if judged is None:
+                judged = classes[key] = kernel_class(a, ctx)
+            cls, precision, eligible = judged
             sim_kernels.append(SimKernel(a, ctx.launch_us if ctx else None, cls.category,
                                          precision, cls.uses_tensor_cores, eligible))
             dur = a.dur_us
