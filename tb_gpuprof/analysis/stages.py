@@ -334,17 +334,25 @@ def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Cov
     # distinct runtime call name judged once.
     rt = profile.runtime
     starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    is_sync = sync_call_mask(profile, blocking)
+    sync_cov = Coverage.of_columns(starts[is_sync], ends[is_sync])
+    launch_cov = Coverage.of_columns(starts[~is_sync], ends[~is_sync])
+    cpu_cov = Coverage.of_spans(profile.cpu_ops)
+    return [("data_loading", dl_cov), ("synchronization", sync_cov),
+            ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)]
+
+
+def sync_call_mask(profile: Profile, blocking: set[int]) -> np.ndarray:
+    """Per runtime call, whether bottleneck.is_sync_call says it is a synchronization (each
+    distinct name judged once); ``blocking``: the blocking copies' correlations."""
+    rt = profile.runtime
     names = columns.values(rt, "name")
     host_sync = {name: is_host_sync(name) for name in set(names)}
     is_sync = np.fromiter(map(host_sync.__getitem__, names), bool, len(rt))
     if blocking:
         is_sync |= np.fromiter(map(blocking.__contains__, columns.values(rt, "correlation")),
                                bool, len(rt))
-    sync_cov = Coverage.of_columns(starts[is_sync], ends[is_sync])
-    launch_cov = Coverage.of_columns(starts[~is_sync], ends[~is_sync])
-    cpu_cov = Coverage.of_spans(profile.cpu_ops)
-    return [("data_loading", dl_cov), ("synchronization", sync_cov),
-            ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)]
+    return is_sync
 
 
 def attribute_idle(profile: Profile, windows: list[IterationWindow], tallies: list[WindowTally],
@@ -572,10 +580,13 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     pageable_h2d = {g.correlation for g in profile.gpu if g.kind != KERNEL
                     and g.correlation is not None and "Pageable" in g.name
                     and ("HtoD" in g.name or "H2D" in g.name)}
-    syncs = [(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-             if lo <= r.start_us < hi and is_sync_call(r.name, r.correlation, blocking)]
-    copy_calls = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                           if r.correlation in pageable_h2d])
+    rt = profile.runtime
+    starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    corr = columns.values(rt, "correlation")
+    at = np.flatnonzero(sync_call_mask(profile, blocking) & (starts >= lo) & (starts < hi))
+    syncs = list(zip(starts[at].tolist(), ends[at].tolist(), strict=True))
+    copying = np.fromiter(map(pageable_h2d.__contains__, corr), bool, len(rt))
+    copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
                         end_us=hi, glue_max_us=GLUE_MAX_US)
