@@ -28,3 +28,13 @@ def test_inside_a_scope_a_column_is_read_once_and_shared():
         assert columns.floats(other, "start_us") is not columns.floats(ops, "start_us")
     # outside the scope nothing is kept
     assert columns.floats(ops, "start_us") is not columns.floats(ops, "start_us")
+
+
+def test_forget_drops_only_that_lists_columns():
+    ops, other = _ops(4), _ops(4)
+    with columns.column_scope():
+        kept = columns.floats(other, "start_us")
+        first = columns.floats(ops, "start_us")
+        columns.forget(ops)
+        assert columns.floats(ops, "start_us") is not first
+        assert columns.floats(other, "start_us") is kept

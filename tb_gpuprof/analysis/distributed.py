@@ -11,10 +11,10 @@ load imbalance and the distributed recommendations (docs/recommendations.md).
 from __future__ import annotations
 
 import statistics
+from operator import attrgetter
 from typing import Any
 
 from ..model import KERNEL, Profile
-from . import columns
 from .classify import classify_kernel
 from .intervals import Intervals, intersect, length, merge, subtract
 from .rules.build import by_saving
@@ -119,7 +119,7 @@ def _has_communication(profile: Profile) -> bool:
             or any(name.startswith(COMM_RANGE_PREFIXES)
                    for name in {a.name for a in profile.annotations if not a.on_gpu})
             # a trace has few distinct op names: judge each once
-            or any(map(is_communication_name, set(columns.values(profile.cpu_ops, "name")))))
+            or any(map(is_communication_name, set(map(attrgetter("name"), profile.cpu_ops)))))
 
 
 def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str, Any] | None:

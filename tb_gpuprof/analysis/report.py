@@ -11,7 +11,7 @@ from typing import Any
 from .. import REPORT_SCHEMA_VERSION, __version__
 from ..model import Profile
 from .bottleneck import host_timeline
-from .columns import column_scope
+from .columns import column_scope, forget
 from .distributed import communication_section
 from .memory import memory_section
 from .roofline import roofline_section
@@ -63,6 +63,7 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
     tally = tally_activities(linked.per_window)
     host = host_timeline(profile)  # what the host threads did: idle, bottleneck and savings read it
     idle = attribute_idle(profile, sel.windows, tally.windows, host.blocking)
+    forget(profile.cpu_ops)  # its last column reader: the ops' coverage
     system = _system(profile, env)
     unprofiled_ms = unprofiled_median(unprofiled)
     bottleneck = bottleneck_stage(profile, linked, sel.windows, host, unprofiled_ms,
