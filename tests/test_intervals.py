@@ -37,3 +37,86 @@ def test_set_operations():
     assert intersect(a, b) == [(12, 15), (20, 22)]
     assert subtract(a, b) == [(0, 12), (22, 30)]
     assert length(a) == 25 and length(a, 10, 25) == 10
+
+
+def test_column_queries_equal_the_scalar_ones_bit_for_bit():
+    """overlaps/gap_columns (numpy, all queries at once) give exactly overlap/gaps' floats,
+    on both construction paths (plain merge below 256 intervals, numpy above), with queries
+    on interval boundaries, empty and reversed ranges."""
+    import numpy as np
+
+    rng = random.Random(11)
+    for _ in range(150):
+        n = rng.choice([0, 1, 5, 40, 600])
+        ivs = [(s := rng.uniform(0, 1000), s + rng.choice([0.0, rng.uniform(0, 20), 1.0]))
+               for _ in range(n)]
+        cov = Coverage(ivs)
+        edges = [x for iv in cov.iv for x in iv]
+        for _ in range(20):
+            a = rng.choice([rng.uniform(-10, 1010), *rng.sample(edges, min(2, len(edges)))])
+            b = rng.choice([a, a - 1.0, a + rng.uniform(0, 100), 2000.0,
+                            *rng.sample(edges, min(1, len(edges)))])
+            gs, ge = cov.gap_columns(a, b)
+            assert list(zip(gs.tolist(), ge.tolist(), strict=True)) == cov.gaps(a, b)
+            qa, qb = np.array([a, b, a]), np.array([b, a, b + 3.0])
+            assert cov.overlaps(qa, qb).tolist() == [cov.overlap(x, y) for x, y in
+                                                     zip(qa.tolist(), qb.tolist(), strict=True)]
+
+
+def test_clip_columns_and_segment_sums_equal_the_loops():
+    import numpy as np
+
+    from tb_gpuprof.analysis.intervals import segment_sums
+
+    rng = random.Random(5)
+    for _ in range(100):
+        n = rng.choice([0, 3, 40, 600])
+        cov = Coverage([(s := rng.uniform(0, 1000), s + rng.uniform(0, 30)) for _ in range(n)])
+        a = np.array([rng.uniform(-10, 1010) for _ in range(25)])
+        b = a + np.array([rng.choice([0.0, -2.0, rng.uniform(0, 200)]) for _ in range(25)])
+        query, ps, pe = cov.clip_columns(a, b)
+        got: list[list[tuple[float, float]]] = [[] for _ in a]
+        for q, s, e in zip(query.tolist(), ps.tolist(), pe.tolist(), strict=True):
+            got[q].append((s, e))
+        assert got == [cov.clip(x, y) for x, y in zip(a.tolist(), b.tolist(), strict=True)]
+        # sums in the loop's order: values of very different size, so the order shows
+        seg = sorted(rng.randrange(6) for _ in range(rng.randrange(60)))
+        vals = [rng.choice([1e12, 1.0, 1e-7]) * rng.random() for _ in seg]
+        want = [0.0] * 6
+        for g, v in zip(seg, vals, strict=True):
+            want[g] += v
+        assert segment_sums(np.array(vals), np.array(seg, np.int64), 6).tolist() == want
+
+
+def test_subtract_in_columns_equals_the_loop():
+    """Large inputs take numpy's path: the same pieces as the loop, also with zero-length and
+    touching intervals (which split a), and an empty or unsorted b."""
+    rng = random.Random(9)
+    for _ in range(200):
+        a = merge((s := float(rng.randrange(4000)) / 2, s + rng.choice([1.0, 2.5]))
+                  for _ in range(rng.choice([1, 300])))
+        b = merge((s := float(rng.randrange(4000)) / 2, s + rng.choice([0.5, 3.0]))
+                  for _ in range(rng.choice([0, 300])))
+        if b and rng.random() < 0.5:
+            b = sorted(b + [(s, s) for s, _ in b[::7]])  # zero-length, touching its neighbour
+        want = _subtract_loop(a, b)
+        assert subtract(a, b) == want
+    unsorted = [(5.0, 6.0), (1.0, 2.0)] * 200
+    assert subtract(unsorted, [(1.5, 5.5)]) == _subtract_loop(unsorted, [(1.5, 5.5)])
+
+
+def _subtract_loop(a, b):
+    out, j = [], 0
+    for s, e in a:
+        cur = s
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < e:
+            out.append((cur, e))
+    return out

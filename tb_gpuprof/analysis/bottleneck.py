@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from ..model import DATALOADER, KERNEL, OPTIMIZER, STEP, Profile
-from .intervals import Coverage, Intervals, length, merge, subtract
+from . import columns
+from .intervals import Coverage, Intervals, length, merge, segment_sums, subtract
 
 CLASSES = ("gpu", "copy", "communication", "dispatch", "host", "data_wait", "sync")
 GLUE_MAX_US = 500.0  # op-less host stretches shorter than this are glue between ops (Python
@@ -131,15 +132,15 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     """(sync, other) [start, end) columns of the ops or runtime calls on the launching threads
     (all threads when none launches); sync as :func:`is_sync_call` says."""
     n = len(items)
-    starts = np.fromiter(map(_START, items), np.float64, n)
-    ends = starts + np.fromiter(map(_DUR, items), np.float64, n)
-    names = list(map(_NAME, items))
+    starts, ends = columns.floats(items, "start_us"), columns.ends(items)
+    names = columns.values(items, "name")
     verdict = {name: is_host_sync(name) for name in set(names)}
     is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
     if blocking:
-        is_sync |= np.fromiter((c in blocking for c in map(_CORRELATION, items)), bool, n)
+        is_sync |= np.fromiter(map(blocking.__contains__, columns.values(items, "correlation")),
+                               bool, n)
     if tids:
-        on_host = np.fromiter(map(tids.__contains__, map(_TID, items)), bool, n)
+        on_host = np.fromiter(map(tids.__contains__, columns.values(items, "tid")), bool, n)
     else:
         on_host = np.ones(n, dtype=bool)
     sync, other = on_host & is_sync, on_host & ~is_sync
@@ -179,14 +180,74 @@ def iteration_shares(start: float, end: float, gpu: tuple[Coverage, Coverage, Co
     comm = subtract(subtract(_clip(gpu[2], start, end), compute), copies)
     out["gpu"], out["copy"], out["communication"] = length(compute), length(copies), length(comm)
     busy = merge(compute + copies + comm)
-    for gs, ge in subtract([(start, end)], busy):
-        _charge_gap(gs, ge, host, out)
+    gaps = subtract([(start, end)], busy)
+    if gaps:
+        # per gap what it adds to each host class, then the sums over the gaps in order
+        for cls, parts in _charge_gaps(np.array(gaps, np.float64), host).items():
+            out[cls] = float(np.cumsum(parts)[-1])
     return out
 
 
+_HOST_CLASSES = ("data_wait", "host", "sync", "dispatch")
+
+
+def _charge_gaps(gaps: np.ndarray, host: HostTimeline) -> dict[str, np.ndarray]:
+    """What each gap ([n, 2] starts and ends) adds to the host classes, as :func:`_charge_gap`
+    says. Most gaps meet no data fetch and no sync: for those only the framework pieces
+    count, done in columns with _charge_gap's arithmetic; the others go through it."""
+    gs, ge = np.ascontiguousarray(gaps[:, 0]), np.ascontiguousarray(gaps[:, 1])
+    n = len(gs)
+    involved = np.zeros(n, dtype=bool)
+    for cov in (host.data, host.sync):
+        involved[cov.clip_columns(gs, ge)[0]] = True
+    out = {cls: np.zeros(n) for cls in _HOST_CLASSES}
+    for i in np.flatnonzero(involved).tolist():
+        parts = dict.fromkeys(CLASSES, 0.0)
+        _charge_gap(float(gs[i]), float(ge[i]), host, parts)
+        for cls in _HOST_CLASSES:
+            out[cls][i] = parts[cls]
+    simple = np.flatnonzero(~involved)
+    glue, outside, framework = _framework_pieces(gs[simple], ge[simple], host.framework)
+    dispatch = framework + glue
+    if host.sync.iv:
+        edge = host.sync.overlaps(gs[simple] - SYNC_EDGE_US, gs[simple] + SYNC_EDGE_US) > 0
+    else:
+        edge = np.zeros(len(simple), dtype=bool)
+    out["host"][simple] = outside
+    out["sync"][simple] = np.where(edge, 0.0 + dispatch, 0.0)  # synced (0.0) + dispatch
+    out["dispatch"][simple] = np.where(edge, 0.0, dispatch)
+    return out
+
+
+def _framework_pieces(gs: np.ndarray, ge: np.ndarray, framework: Coverage
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per gap with no data fetch or sync in it: (glue, outside, framework time), the sums
+    _charge_gap forms, each added left to right (segment_sums)."""
+    n = len(gs)
+    query, ps, pe = framework.clip_columns(gs, ge)
+    piece = pe - ps
+    fw = segment_sums(np.where(0.0 > piece, 0.0, piece), query, n)  # length()'s max(d, 0.0)
+    # what is left of each gap: before each piece (after the one before it) and after the last
+    new = np.r_[True, query[1:] != query[:-1]] if len(query) else np.empty(0, dtype=bool)
+    before = np.where(new, gs[query], np.r_[0.0, pe[:-1]] if len(pe) else pe)
+    last = np.full(n, -1)
+    last[query] = np.arange(len(query))  # the last piece of each gap
+    tail_from = np.where(last >= 0, pe[last] if len(pe) else gs, gs)
+    rest_s = np.concatenate([before, tail_from])
+    rest_e = np.concatenate([ps, ge])
+    rest_q = np.concatenate([query, np.arange(n)])
+    keep = rest_e > rest_s  # subtract's pieces: "b start > cur" and "cur < e"
+    order = np.argsort(rest_q[keep], kind="stable")  # per gap: its pieces in order, tail last
+    rest_q, rest = rest_q[keep][order], (rest_e - rest_s)[keep][order]
+    short = rest < GLUE_MAX_US
+    glue = segment_sums(rest[short], rest_q[short], n)
+    outside = segment_sums(rest[~short], rest_q[~short], n)
+    return glue, outside, np.where(np.bincount(query, minlength=n) > 0, fw, 0.0)
+
+
 def _charge_gap(gs: float, ge: float, host: HostTimeline, out: dict[str, float]) -> None:
-    # The hot loop of the section (every gap of every iteration): most gaps meet no data
-    # fetch and no sync, so the subtractions of nothing are skipped; the sums are length()'s.
+    # A gap that meets a data fetch or a sync (_charge_gaps does the others in columns):
+    # the subtractions of nothing are skipped; the sums are length()'s.
     data = host.data.clip(gs, ge)
     sync = host.sync.clip(gs, ge)
     framework = host.framework.clip(gs, ge)

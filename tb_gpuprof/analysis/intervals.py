@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from . import columns
+
 Intervals = list[tuple[float, float]]
 _START, _DUR = attrgetter("start_us"), attrgetter("dur_us")
 
@@ -46,6 +48,12 @@ def intersect(a: Intervals, b: Intervals) -> Intervals:
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
     """``a`` minus ``b`` (both merged)."""
+    if not b:  # the loop below would keep every non-empty interval of a
+        return [iv for iv in a if iv[0] < iv[1]]
+    if a and len(a) + len(b) >= _NUMPY_MIN:
+        cut = _subtract_columns(a, b)
+        if cut is not None:
+            return cut
     out: Intervals = []
     j = 0
     for s, e in a:
@@ -63,10 +71,50 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
     return out
 
 
+def _subtract_columns(a: Intervals, b: Intervals) -> Intervals | None:
+    """:func:`subtract` in numpy, for sorted, disjoint ``a`` and ``b`` (else None): what is
+    left of each interval of ``a`` is its overlap with the gaps of ``b``; each piece's ends
+    are picked, as the loop picks them (no arithmetic), so the floats are the same."""
+    a_arr, b_arr = np.array(a, np.float64), np.array(b, np.float64)
+    s, e, bs, be = a_arr[:, 0], a_arr[:, 1], b_arr[:, 0], b_arr[:, 1]
+    if not ((s[1:] >= e[:-1]).all() and (bs[1:] >= be[:-1]).all() and (be >= bs).all()
+            and (e >= s).all()):
+        return None
+    gap_s, gap_e = np.r_[-np.inf, be], np.r_[bs, np.inf]  # the gaps of b, ascending
+    lo = np.searchsorted(gap_e, s, "right")  # the first gap ending after the interval starts
+    counts = np.maximum(np.searchsorted(gap_s, e, "left") - lo, 0)
+    owner = np.repeat(np.arange(len(s)), counts)
+    first = np.cumsum(counts) - counts
+    gap = np.repeat(lo - first, counts) + np.arange(len(owner))
+    ps, pe = s[owner], e[owner]
+    ps = np.where(gap_s[gap] > ps, gap_s[gap], ps)  # max(cur, b's end), as the loop
+    pe = np.where(gap_e[gap] < pe, gap_e[gap], pe)
+    keep = pe > ps
+    return list(zip(ps[keep].tolist(), pe[keep].tolist(), strict=True))
+
+
 def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
     if lo == float("-inf") and hi == float("inf"):  # the common case, without the clipping
         return sum(max(e - s, 0.0) for s, e in iv)
     return sum(max(min(e, hi) - max(s, lo), 0.0) for s, e in iv)
+
+
+def segment_sums(values: np.ndarray, segment: np.ndarray, n: int) -> np.ndarray:
+    """Per segment (``segment`` ascending, in 0..n-1), the sum of its values added left to
+    right from 0.0: the floats a Python ``total += v`` loop per segment gives (numpy's own
+    reductions add pairwise, so they may differ in the last digit). One vectorized addition
+    per position within a segment, so it suits many short segments."""
+    out = np.zeros(n)
+    if not len(values):
+        return out
+    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
+    pos = np.arange(len(values)) - np.repeat(starts, np.diff(np.r_[starts, len(values)]))
+    order = np.argsort(pos, kind="stable")
+    bounds = np.searchsorted(pos[order], np.arange(int(pos.max()) + 2))
+    for d in range(len(bounds) - 1):
+        at = order[bounds[d]:bounds[d + 1]]  # each segment's d-th value: no segment twice
+        out[segment[at]] += values[at]
+    return out
 
 
 _NUMPY_MIN = 256  # below this many intervals the plain merge is faster than numpy's
@@ -76,6 +124,7 @@ class Coverage:
     """Merged intervals with prefix sums: overlap with any [a, b) in O(log n)."""
 
     def __init__(self, intervals: list[tuple[float, float]]) -> None:
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         if len(intervals) < _NUMPY_MIN:
             self.iv = merge(intervals)
             self.starts = [s for s, _ in self.iv]
@@ -87,11 +136,17 @@ class Coverage:
         self._from_arrays(flat[0::2], flat[1::2])
 
     @classmethod
+    def of_columns(cls, starts: np.ndarray, ends: np.ndarray) -> Coverage:
+        """``Coverage(list(zip(starts, ends)))`` without the tuples: the same small-input path
+        below ``_NUMPY_MIN`` intervals, the same arrays above it."""
+        if len(starts) < _NUMPY_MIN:
+            return cls(list(zip(starts.tolist(), ends.tolist(), strict=True)))
+        return cls.of_arrays(starts, ends)
+
+    @classmethod
     def of_spans(cls, items: Sequence[Any]) -> Coverage:
         """The union of model events' [start_us, start_us + dur_us) (GpuActivity, CpuOp, ...)."""
-        starts = np.fromiter(map(_START, items), np.float64, len(items))
-        durs = np.fromiter(map(_DUR, items), np.float64, len(items))
-        return cls.of_arrays(starts, starts + durs)
+        return cls.of_arrays(columns.floats(items, "start_us"), columns.ends(items))
 
     @classmethod
     def of_arrays(cls, starts: np.ndarray, ends: np.ndarray) -> Coverage:
@@ -115,7 +170,50 @@ class Coverage:
         self.starts = run_starts.tolist()
         self.iv = list(zip(self.starts, run_ends.tolist(), strict=True))
         # cumsum adds left to right, as the loop above does: the same prefix sums
-        self.prefix = [0.0, *np.cumsum(run_ends - run_starts).tolist()]
+        prefix = np.concatenate(([0.0], np.cumsum(run_ends - run_starts)))
+        self.prefix = prefix.tolist()
+        self._arrays = (run_starts, run_ends, prefix)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(starts, ends, prefix sums) of the merged intervals as numpy columns (made once)."""
+        if self._arrays is None:
+            self._arrays = (np.array(self.starts, np.float64),
+                            np.array([e for _, e in self.iv], np.float64),
+                            np.array(self.prefix, np.float64))
+        return self._arrays
+
+    def overlaps(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`overlap` of every [a[i], b[i]) at once, with the same arithmetic."""
+        if not self.iv:
+            return np.zeros(len(a))
+        starts, ends, prefix = self.arrays()
+        lo = np.maximum(np.searchsorted(starts, a, "right") - 1, 0)
+        hi = np.maximum(np.searchsorted(starts, b, "left"), lo)
+        total = prefix[hi] - prefix[lo]
+        s, e = starts[lo], ends[lo]
+        total = np.where(a > s, total - np.where(a < e, a - s, e - s), total)
+        last = np.maximum(hi - 1, 0)
+        s, e = starts[last], ends[last]
+        total = np.where(e > b, total - np.where(b > s, e - b, e - s), total)
+        return np.where((b > a) & (hi > lo) & (total > 0.0), total, 0.0)
+
+    def clip_columns(self, a: np.ndarray, b: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`clip` of every [a[i], b[i]) at once: (query index, piece start, piece end),
+        the pieces of each query in order, queries in order."""
+        if not self.iv:
+            return np.empty(0, np.int64), np.empty(0), np.empty(0)
+        starts, ends, _ = self.arrays()
+        lo = np.maximum(np.searchsorted(starts, a, "right") - 1, 0)
+        hi = np.maximum(np.searchsorted(starts, b, "left"), lo)
+        counts = hi - lo
+        query = np.repeat(np.arange(len(a)), counts)
+        first = np.cumsum(counts) - counts  # where each query's candidates begin
+        idx = np.repeat(lo - first, counts) + np.arange(len(query))
+        qa, qb, s, e = a[query], b[query], starts[idx], ends[idx]
+        keep = e > qa  # only a query's first candidate can end before it starts
+        query, qa, qb, s, e = query[keep], qa[keep], qb[keep], s[keep], e[keep]
+        return query, np.where(s > qa, s, qa), np.where(e < qb, e, qb)
 
     def overlap(self, a: float, b: float) -> float:
         """Covered time inside [a, b): prefix sums, then trim the two boundary intervals."""
@@ -157,6 +255,26 @@ class Coverage:
         lo = max(bisect.bisect_right(self.starts, a) - 1, 0)
         hi = bisect.bisect_left(self.starts, b)
         return [iv for iv in self.iv[lo:hi] if iv[1] > a]
+
+    def gap_columns(self, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`gaps` as (starts, ends) columns. The intervals are disjoint and ascending,
+        so the time covered so far before interval k is max(a, end of k - 1), and only the
+        first one can end before a (it is then skipped, as in the loop)."""
+        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
+        j = max(bisect.bisect_left(self.starts, b), i)
+        if j == i:
+            return (np.array([a]), np.array([b])) if a < b else (np.empty(0), np.empty(0))
+        starts, ends, _ = self.arrays()
+        s = starts[i:j]
+        cur = np.empty(j - i)
+        cur[0] = a
+        np.maximum(a, ends[i:j - 1], out=cur[1:])
+        opens = s > cur
+        gs, ge = cur[opens], s[opens]
+        last = max(a, float(ends[j - 1]))
+        if last < b:
+            gs, ge = np.append(gs, last), np.append(ge, b)
+        return gs, ge
 
     def gaps(self, a: float, b: float) -> list[tuple[float, float]]:
         out = []

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from operator import add, attrgetter
 
 from ..model import OPTIMIZER, STEP, Annotation, Profile
+from . import columns
 
 _TRAILING_NUMBER = re.compile(r"^(.*?)[#\s_:-]*(\d+)\s*$")
 
@@ -39,14 +39,13 @@ def _host_ranges(profile: Profile) -> list[Annotation]:
 
 
 def _trace_extent(profile: Profile) -> tuple[float, float]:
-    # map/attrgetter keep the per-event work in C: this runs over every event of the trace
+    # columns (shared with the later stages): this runs over every event of the trace
     seqs = [seq for seq in (profile.gpu, profile.cpu_ops, profile.runtime,
                             profile.annotations) if seq]
     if not seqs:
         return 0.0, 0.0
-    start, dur = attrgetter("start_us"), attrgetter("dur_us")
-    lo = min(min(map(start, seq)) for seq in seqs)
-    hi = max(max(map(add, map(start, seq), map(dur, seq))) for seq in seqs)
+    lo = min(float(columns.floats(seq, "start_us").min()) for seq in seqs)
+    hi = max(float(columns.ends(seq).max()) for seq in seqs)
     return lo, hi
 
 

@@ -9,13 +9,14 @@ containment search, so million-event traces stay fast.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from ..model import OPTIMIZER, Annotation, CpuOp, Profile
+from . import columns
 from .flops import op_flops
 
 FORWARD = "forward"
@@ -26,8 +27,11 @@ _WRAPPER_PREFIXES = ("autograd::", "Optimizer.", "ProfilerStep", "enumerate(Data
                      "cudaLaunch", "cuLaunch")
 
 
-@dataclass(slots=True)
-class LaunchContext:
+class LaunchContext(msgspec.Struct, gc=False):
+    """What launched one kernel. A msgspec Struct outside the cycle collector (one per launch,
+    no reference cycles): tens of thousands of tracked objects made every full collection
+    during the report walk them all."""
+
     launch_us: float
     op: str | None  # the op shown to users: outermost framework op (aten::linear, not aten::mm)
     eligible: bool  # some enclosing op is Tensor-Core eligible
@@ -99,11 +103,17 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
     (start, kind, index, end) columns, ordered by (start, -duration, kind, index). Threads
     that launch nothing are skipped: no launch of theirs needs a context."""
     ops = profile.cpu_ops
-    codes: dict[int, int] = {}  # tid -> a small int, so threads are told apart in numpy
-    op_tid = np.fromiter((codes.setdefault(t, len(codes)) for t in map(_TID, ops)), np.int64,
-                         len(ops))
-    op_start = np.fromiter(map(_START, ops), np.float64, len(ops))
-    op_dur = np.fromiter(map(_DUR, ops), np.float64, len(ops))
+    tids = columns.values(ops, "tid")
+    distinct = set(tids)
+    # each thread as an int, so threads are told apart in numpy: int ids are their own code
+    codes: dict[Any, int] = {t: t for t in distinct}
+    if all(type(t) is int and abs(t) < 2**62 for t in distinct):
+        op_tid = np.array(tids, np.int64)
+    else:
+        codes = {t: i for i, t in enumerate(distinct)}
+        op_tid = np.fromiter(map(codes.__getitem__, tids), np.int64, len(ops))
+    op_start = columns.floats(ops, "start_us")
+    op_dur = columns.floats(ops, "dur_us")
     ann_start = np.array([a.start_us for a in host_ann], np.float64)
     ann_dur = np.array([a.dur_us for a in host_ann], np.float64)
     launches: dict[int, list[int]] = {}
@@ -112,7 +122,8 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
             launches.setdefault(r.tid, []).append(i)
     # Annotations carry no tid in the model: put them on every thread that launches work.
     for tid, calls in launches.items():
-        op_idx = np.flatnonzero(op_tid == codes.get(tid, -1))
+        op_idx = (np.flatnonzero(op_tid == codes[tid]) if tid in codes
+                  else np.empty(0, np.int64))
         call_start = np.array([profile.runtime[i].start_us for i in calls], np.float64)
         starts = np.concatenate([op_start[op_idx], ann_start, call_start])
         durs = np.concatenate([op_dur[op_idx], ann_dur, np.zeros(len(calls))])
@@ -120,9 +131,9 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
                                 np.full(len(calls), _LAUNCH)])
         index = np.concatenate([op_idx, np.arange(len(host_ann)), np.array(calls, np.int64)])
         order = np.lexsort((index, kinds, -durs, starts))
-        columns = _drop_closed(starts[order], kinds[order], index[order],
+        swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
-        yield tuple(c.tolist() for c in columns)
+        yield tuple(c.tolist() for c in swept)
 
 
 def _drop_closed(starts: np.ndarray, kinds: np.ndarray, index: np.ndarray, ends: np.ndarray,

@@ -11,6 +11,7 @@ from typing import Any
 from .. import REPORT_SCHEMA_VERSION, __version__
 from ..model import Profile
 from .bottleneck import host_timeline
+from .columns import column_scope, forget
 from .distributed import communication_section
 from .memory import memory_section
 from .roofline import roofline_section
@@ -47,6 +48,14 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     ``topology`` (tb_gpuprof.nvml.topology's dict, which a hook records) lets the
     ``gpu_placement`` rule judge the job's GPUs.
     """
+    with column_scope():  # the stages share the event lists' columns (analysis/columns.py)
+        return _build(profile, iter_start, iter_stop, key, env, telemetry, peak_tflops,
+                      topology)
+
+
+def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key: str | None,
+           env: dict[str, Any] | None, telemetry: dict[str, Any] | None,
+           peak_tflops: float | None, topology: dict[str, Any] | None) -> dict[str, Any]:
     env = dict(env or {})
     unprofiled = env.pop("unprofiled", None)
     sel = select_iterations(profile, key, iter_start, iter_stop)
@@ -54,6 +63,7 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
     tally = tally_activities(linked.per_window)
     host = host_timeline(profile)  # what the host threads did: idle, bottleneck and savings read it
     idle = attribute_idle(profile, sel.windows, tally.windows, host.blocking)
+    forget(profile.cpu_ops)  # its last column reader: the ops' coverage
     system = _system(profile, env)
     unprofiled_ms = unprofiled_median(unprofiled)
     bottleneck = bottleneck_stage(profile, linked, sel.windows, host, unprofiled_ms,

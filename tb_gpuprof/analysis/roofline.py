@@ -179,6 +179,13 @@ class _Tally:
         self.reasons[reason] = self.reasons.get(reason, 0.0) + dur
 
 
+def _signature(op: CpuOp) -> tuple:
+    """What op_traffic, op_flops and _op_precision read of an op. The Kineto reader shares one
+    list between ops with the same shapes (types, arguments), so ops of one layer in every
+    iteration share a signature; the lists live as long as the ops, so their ids stay theirs."""
+    return (op.name, id(op.input_shapes), id(op.input_types), id(op.concrete_inputs), op.flops)
+
+
 def _no_op_reason(profile: Profile) -> str:
     if profile.format == "xplane":
         return "no op shapes in the trace (XLA names the HLO op, not its shapes)"
@@ -198,6 +205,7 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
     groups: dict[int, list[tuple[_Tally, float]]] = {}
     no_op = _no_op_reason(profile)
     has_flops: dict[int, bool] = {}
+    flops_by_signature: dict[tuple, bool] = {}
     for acts in per_window:
         for a, ctx in acts:
             k = kernels.get(a.name) if a.kind == KERNEL else None
@@ -214,7 +222,12 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
                 continue
             if not math:
                 if op_idx not in has_flops:
-                    has_flops[op_idx] = bool(op_flops(profile.cpu_ops[op_idx]))
+                    op = profile.cpu_ops[op_idx]
+                    key = _signature(op)
+                    flops_of = flops_by_signature.get(key)
+                    if flops_of is None:
+                        flops_of = flops_by_signature[key] = bool(op_flops(op))
+                    has_flops[op_idx] = flops_of
                 if has_flops[op_idx]:
                     # a cast or layout kernel of a GEMM/conv op: the op's traffic is its math
                     # kernels' (as its FLOPs are)
@@ -222,16 +235,20 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
                            a.dur_us)
                     continue
             groups.setdefault(op_idx, []).append((t, a.dur_us))
+    by_signature: dict[tuple, tuple[tuple[float, float] | str, str | None]] = {}
     for op_idx, group in groups.items():
         op = profile.cpu_ops[op_idx]
-        traffic = op_traffic(op)
+        key = _signature(op)
+        known = by_signature.get(key)
+        if known is None:
+            known = by_signature[key] = (op_traffic(op), _op_precision(op))
+        traffic, precision = known
         if isinstance(traffic, str):
             for t, dur in group:
                 t.miss(traffic, dur)
             continue
         nbytes, flops = traffic
         total = sum(d for _, d in group) or 1.0
-        precision = _op_precision(op)
         for t, dur in group:
             t.bytes += nbytes * dur / total
             t.flops += flops * dur / total

@@ -15,8 +15,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..errors import EmptyProfileError
 from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
+from . import columns
 from .bottleneck import (
     GLUE_MAX_US,
     HostTimeline,
@@ -245,12 +248,20 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
     totals, kernels, sim_kernels = t.totals, t.kernels, t.sim_kernels
     category_us, precision_us, phase_us = t.category_us, t.precision_us, t.phase_us
     phase_known = False
+    # kernel_class reads these of an activity and its launch; input type lists are shared
+    # between ops by the reader and live as long as the launches that hold them
+    classes: dict[tuple, tuple[KernelClass, str, bool]] = {}
     for acts in per_window:
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
         busy_iv = []
         for a, ctx in acts:
-            cls, precision, eligible = kernel_class(a, ctx)
+            key = (a.name, a.kind, a.op_type, a.op, None) if ctx is None else (
+                a.name, a.kind, a.op_type, a.op, ctx.eligible, id(ctx.input_types))
+            judged = classes.get(key)
+            if judged is None:
+                judged = classes[key] = kernel_class(a, ctx)
+            cls, precision, eligible = judged
             sim_kernels.append(SimKernel(a, ctx.launch_us if ctx else None, cls.category,
                                          precision, cls.uses_tensor_cores, eligible))
             dur = a.dur_us
@@ -319,19 +330,29 @@ def _idle_coverages(profile: Profile, blocking: set[int]) -> list[tuple[str, Cov
     ``cudaStreamWaitEvent`` are launch overhead, not a host sync."""
     dl_cov = Coverage([(x.start_us, x.start_us + x.dur_us) for x in profile.annotations
                        if x.kind == DATALOADER and not x.on_gpu])
-    sync_iv: list[tuple[float, float]] = []
-    launch_iv: list[tuple[float, float]] = []
-    host_sync: dict[str, bool] = {}  # by name: a trace has few distinct runtime call names
-    for r in profile.runtime:
-        is_sync = host_sync.get(r.name)
-        if is_sync is None:
-            is_sync = host_sync[r.name] = is_host_sync(r.name)
-        iv = (r.start_us, r.start_us + r.dur_us)
-        (sync_iv if is_sync or r.correlation in blocking else launch_iv).append(iv)
-    sync_cov, launch_cov = Coverage(sync_iv), Coverage(launch_iv)
-    cpu_cov = Coverage.of_spans(profile.cpu_ops)  # columns: no tuple per op
+    # Runtime calls and ops are most of the trace: columns, no tuple per event, and each
+    # distinct runtime call name judged once.
+    rt = profile.runtime
+    starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    is_sync = sync_call_mask(profile, blocking)
+    sync_cov = Coverage.of_columns(starts[is_sync], ends[is_sync])
+    launch_cov = Coverage.of_columns(starts[~is_sync], ends[~is_sync])
+    cpu_cov = Coverage.of_spans(profile.cpu_ops)
     return [("data_loading", dl_cov), ("synchronization", sync_cov),
             ("launch_overhead", launch_cov), ("cpu_ops", cpu_cov)]
+
+
+def sync_call_mask(profile: Profile, blocking: set[int]) -> np.ndarray:
+    """Per runtime call, whether bottleneck.is_sync_call says it is a synchronization (each
+    distinct name judged once); ``blocking``: the blocking copies' correlations."""
+    rt = profile.runtime
+    names = columns.values(rt, "name")
+    host_sync = {name: is_host_sync(name) for name in set(names)}
+    is_sync = np.fromiter(map(host_sync.__getitem__, names), bool, len(rt))
+    if blocking:
+        is_sync |= np.fromiter(map(blocking.__contains__, columns.values(rt, "correlation")),
+                               bool, len(rt))
+    return is_sync
 
 
 def attribute_idle(profile: Profile, windows: list[IterationWindow], tallies: list[WindowTally],
@@ -362,13 +383,16 @@ def _charge_idle(busy: Coverage, w: IterationWindow, idle: float,
     """What was the host doing while the GPU had nothing? Attribute the gaps in priority order,
     then scale so the attribution sums to this iteration's idle time."""
     attr = dict.fromkeys(idle_attr, 0.0)
-    for gs, ge in busy.gaps(w.start_us, w.end_us):
+    # All gaps at once, as the loop over gaps did one by one: each cause takes what it
+    # covers of what is left of a gap; the sums run over the gaps left to right (cumsum).
+    gs, ge = busy.gap_columns(w.start_us, w.end_us)
+    if len(gs):
         left = ge - gs
         for name, cov in causes:
-            part = min(left, cov.overlap(gs, ge))
-            attr[name] += part
-            left -= part
-        attr["other"] += left
+            part = np.minimum(left, cov.overlaps(gs, ge))
+            attr[name] = float(np.cumsum(part)[-1])
+            left = left - part
+        attr["other"] = float(np.cumsum(left)[-1])
     gap_total = sum(attr.values())
     for name, v in attr.items():
         idle_attr[name] += v * idle / gap_total if gap_total > 0 else 0.0
@@ -556,10 +580,13 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     pageable_h2d = {g.correlation for g in profile.gpu if g.kind != KERNEL
                     and g.correlation is not None and "Pageable" in g.name
                     and ("HtoD" in g.name or "H2D" in g.name)}
-    syncs = [(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-             if lo <= r.start_us < hi and is_sync_call(r.name, r.correlation, blocking)]
-    copy_calls = Coverage([(r.start_us, r.start_us + r.dur_us) for r in profile.runtime
-                           if r.correlation in pageable_h2d])
+    rt = profile.runtime
+    starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    corr = columns.values(rt, "correlation")
+    at = np.flatnonzero(sync_call_mask(profile, blocking) & (starts >= lo) & (starts < hi))
+    syncs = list(zip(starts[at].tolist(), ends[at].tolist(), strict=True))
+    copying = np.fromiter(map(pageable_h2d.__contains__, corr), bool, len(rt))
+    copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
                         end_us=hi, glue_max_us=GLUE_MAX_US)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
+import msgspec
 import numpy as np
 
 from ..model import GpuActivity
@@ -57,9 +58,9 @@ CALIBRATION_TOLERANCE = 0.03  # replay within 3% of the un-profiled time: no hos
 GPU_BOUND_HOST_SCALE = 0.45
 
 
-@dataclass(slots=True)
-class SimKernel:
-    """One GPU activity of the window with what the fixes need to know about it."""
+class SimKernel(msgspec.Struct, gc=False):
+    """One GPU activity of the window with what the fixes need to know about it (outside the
+    cycle collector, as the model's events: one per activity, no cycles)."""
 
     act: GpuActivity
     launch_us: float | None  # host time of its launch call, None when the trace has none
