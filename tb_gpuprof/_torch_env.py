@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -167,6 +168,66 @@ CUDA_GRAPHS_COST = ("CUPTI stays attached after the window, so every CUDA launch
                     "20-30% slower; a GPU-bound loop barely notices)")
 
 
+class CuptiTeardownHold:
+    """``TEARDOWN_CUPTI=1`` from a window profiler's stop until Kineto's teardown of CUPTI
+    has run, then the environment as it was.
+
+    Why it must outlast the stop call: the stop (``teardownContext``) starts a detached
+    Kineto thread that has the next CUDA API call's exit callback run ``cuptiFinalize``, and
+    *then* reads the variable again (``cuptiLazyInit_``): set, it leaves CUPTI's callbacks off
+    until the next trace; unset, it re-subscribes them at once. Re-subscribed callbacks made
+    every launch slower: on the H200 the launch probe of gpu/launch_after_window.py ran
+    1.019-1.033x its before-window cost with the variable restored right after the stop,
+    0.970x with it set for the whole process and 0.951-0.971x with no window at all.
+
+    So the hook sets it for the stop and restores it from the training thread at the first
+    :meth:`release` that comes both ``hold_s`` seconds and ``hold_steps`` iterations later
+    (each iteration makes CUDA calls, so the finalize has run by then) or at close.
+    """
+
+    def __init__(self, hold_s: float = 2.0, hold_steps: int = 2) -> None:
+        self.hold_s, self.hold_steps = hold_s, hold_steps
+        self._held = False
+        self._prior: str | None = None
+        self._since = 0.0
+        self._steps = 0
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def stop(self, stop_fn: Callable[[], Any]) -> None:
+        """Run the profiler's ``stop_fn`` with the variable set, and keep it set."""
+        if not self._held:
+            self._prior = os.environ.get(TEARDOWN_ENV)
+            os.environ[TEARDOWN_ENV] = "1"
+            self._held = True
+        self._since, self._steps = time.monotonic(), 0
+        try:
+            stop_fn()
+        except BaseException:
+            self.release(force=True)  # no teardown started: nothing to wait for
+            raise
+
+    def step(self) -> None:
+        """One training iteration ended: release when due."""
+        if self._held:
+            self._steps += 1
+            self.release()
+
+    def release(self, force: bool = False) -> None:
+        if not self._held:
+            return
+        if not force and (self._steps < self.hold_steps or
+                          time.monotonic() - self._since < self.hold_s):
+            return
+        if self._prior is None:
+            os.environ.pop(TEARDOWN_ENV, None)
+        else:
+            os.environ[TEARDOWN_ENV] = self._prior
+        self._held = False
+
+
 def uses_cuda_graphs(torch: Any) -> bool:
     """Whether this process captures CUDA graphs (torch.compile's cudagraphs, CUDAGraph):
     Kineto's CUPTI teardown crashes the next re-init there (torch's own FIXME)."""
@@ -202,19 +263,12 @@ def cupti_teardown_plan(torch: Any) -> tuple[bool, str | None]:
 
 @contextlib.contextmanager
 def cupti_teardown_env(on: bool) -> Iterator[None]:
-    """``TEARDOWN_CUPTI=1`` for the duration of one profiler start or stop call, then the
-    environment as it was.
+    """``TEARDOWN_CUPTI=1`` for the duration of one profiler start call, then the
+    environment as it was (a stop goes through :class:`CuptiTeardownHold`).
 
-    Why this is safe: Kineto reads the variable with getenv() at exactly two points of a
-    synchronous torch.profiler call: when the trace is prepared (whether to re-create the
-    CUPTI subscriber a previous teardown removed) and when it ends (``teardownContext``,
-    which hands the ``cuptiFinalize`` to a Kineto thread that runs it from the next CUDA
-    call). Both happen inside the call this wraps, on the training thread that also sets
-    and restores the variable, so no other reader sees the change for longer than the call.
-    The one later read, Kineto's thread deciding after finalizing whether to re-create the
-    callback subscriber now or at the next trace, then sees the variable unset and does it
-    now: the path torch itself takes with DISABLE_CUPTI_LAZY_REINIT=1; activity tracing,
-    which is what slows launches, stays finalized either way.
+    Kineto reads the variable with getenv() when a trace is prepared (whether to re-create
+    the CUPTI subscriber a previous teardown removed), synchronously inside the call this
+    wraps, on the training thread that also sets and restores it.
     """
     if not on:
         yield

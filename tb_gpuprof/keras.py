@@ -32,7 +32,7 @@ from typing import Any
 
 import keras
 
-from . import _keras_env
+from . import _keras_env, _torch_env
 from ._hookcore import GpuProfWarning, HookCore
 from .store import layout
 
@@ -112,6 +112,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._window: _Window | None = None
         self._warm: _Window | None = None  # torch backend: profiler warming up CUPTI
         self._warm_step: int | None = None  # the execution that warmed it up
+        # torch backend: TEARDOWN_CUPTI=1 kept from the window's stop until Kineto tore down
+        self._cupti_hold = _torch_env.CuptiTeardownHold()
         self._train_ended = False
         self._window_done = False
         self._window_mem: list[float] = []
@@ -198,6 +200,7 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
     def close(self) -> None:
         """Flush the scalars, stop NVML, close the run's events file (``fit`` does this at
         its end; another ``fit`` with the same callback continues in a new events file)."""
+        self._cupti_hold.release(force=True)
         self._stop_flush_thread()
         self._flush_scalars()
         self._stop_nvml()
@@ -214,6 +217,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         if self._dead:
             return
         try:
+            if self._cupti_hold.held:
+                self._cupti_hold.step()
             g0 = self.iteration
             boundary = self._boundary
             if self._window is not None:
@@ -509,7 +514,8 @@ class _JaxWindow(_Window):
 class _TorchWindow(_Window):
     """torch.profiler driven by its phases: prepare (warm-up: CUPTI starts up, nothing is
     kept), start (record), stop. Each call that starts or ends a Kineto trace runs with
-    TEARDOWN_CUPTI=1 unless CUDA graphs forbid it (see _torch_env.cupti_teardown_env)."""
+    TEARDOWN_CUPTI=1 unless CUDA graphs forbid it (_torch_env.cupti_teardown_env), and after
+    the stop it stays set until Kineto's teardown ran (_torch_env.CuptiTeardownHold)."""
 
     gzip_raw = True
     prof: Any = None
@@ -527,6 +533,7 @@ class _TorchWindow(_Window):
         activities = [ProfilerActivity.CPU]
         if self.cb.gpu:
             activities.append(ProfilerActivity.CUDA)
+            self.cb._cupti_hold.release(force=True)  # an earlier window's: the user's value
             on, warning = _torch_env.cupti_teardown_plan(torch)
             self._teardown = on
             if warning and "cupti teardown" not in self.cb._warned:
@@ -555,7 +562,7 @@ class _TorchWindow(_Window):
     def abort(self) -> None:
         if self.prof is not None:
             self.prof.start_trace()
-            self._phase(self.prof.stop_trace)
+            self._stop()
 
     def _start(self) -> None:
         if self.prof is None:
@@ -565,7 +572,10 @@ class _TorchWindow(_Window):
         self.prof.start_trace()
 
     def _stop(self) -> None:
-        self._phase(self.prof.stop_trace)
+        if self._teardown:
+            self.cb._cupti_hold.stop(self.prof.stop_trace)
+        else:
+            self.prof.stop_trace()
 
     def _new_marker(self, step: int) -> Any:
         # the name torch.profiler's own schedule gives its step ranges

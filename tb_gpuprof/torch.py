@@ -147,6 +147,7 @@ class GpuProfiler(HookCore):
         self._recording = False  # the window's profiler is past its warm-up iteration
         self._nvtx_open = False
         self._teardown_cupti = False  # set TEARDOWN_CUPTI=1 around the window's start/stop
+        self._cupti_hold = _torch_env.CuptiTeardownHold()  # ... and until the teardown ran
         self.analysis_seconds: float | None = None  # export + analysis + store, off-thread
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -235,6 +236,7 @@ class GpuProfiler(HookCore):
             self._guard("nvtx", self._torch.cuda.nvtx.range_pop, when="nvtx")
         for h in self._hooks:
             h.remove()
+        self._cupti_hold.release(force=True)
         self._harvest(wait=True)
         self.wait()
         self._stop_flush_thread()
@@ -283,6 +285,8 @@ class GpuProfiler(HookCore):
     def step(self) -> None:
         """End the current iteration. Cheap: no device synchronization, no file I/O."""
         if self._dead or self._closed:
+            if self._cupti_hold.held:  # a window that stopped before a failure of ours
+                self._cupti_hold.step()
             return
         try:
             self._step()
@@ -292,6 +296,8 @@ class GpuProfiler(HookCore):
 
     def _step(self) -> None:
         t = time.perf_counter()
+        if self._cupti_hold.held:  # before this step's own window work: a stop starts it
+            self._cupti_hold.step()
         i = self.iteration
         on = self._on
         data_ms = (self._t_ready - self._t_last) * 1e3 if self._t_ready is not None else None
@@ -444,6 +450,7 @@ class GpuProfiler(HookCore):
     def _plan_cupti_teardown(self) -> None:
         """Tear CUPTI down when the window's profiler stops (Kineto's TEARDOWN_CUPTI), unless
         CUDA graphs forbid it: then say once what staying attached costs."""
+        self._cupti_hold.release(force=True)  # a previous window's: the user's value counts
         self._teardown_cupti = False
         if not self.cuda:
             return  # no CUDA activity profiled: CUPTI is never attached
@@ -455,7 +462,9 @@ class GpuProfiler(HookCore):
                           GpuProfWarning, stacklevel=4)
 
     def _stop_profiler(self, prof: Any) -> None:
-        with _torch_env.cupti_teardown_env(self._teardown_cupti):
+        if self._teardown_cupti:
+            self._cupti_hold.stop(prof.stop)
+        else:
             prof.stop()
 
     def _begin_recording(self) -> None:

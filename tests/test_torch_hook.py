@@ -521,3 +521,77 @@ def test_cupti_teardown_env_is_scoped_to_the_call(monkeypatch):
         assert os.environ["TEARDOWN_CUPTI"] == "0"
     monkeypatch.delenv("TEARDOWN_CUPTI")
     assert _torch_env.cupti_teardown_plan(torch)[0] is (not _torch_env.uses_cuda_graphs(torch))
+
+
+def test_cupti_teardown_hold_outlasts_the_stop(monkeypatch):
+    """Kineto's teardown thread reads TEARDOWN_CUPTI again after the finalize, which runs in
+    a later CUDA call: the variable stays set through the stop until both the time and the
+    iterations have passed, then is restored as it was (also on force and on a failed stop)."""
+    import os
+    import time
+
+    from tb_gpuprof import _torch_env
+
+    for prior in (None, "0"):
+        if prior is None:
+            monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+        else:
+            monkeypatch.setenv("TEARDOWN_CUPTI", prior)
+        hold = _torch_env.CuptiTeardownHold(hold_s=0.05, hold_steps=2)
+        seen: list[str | None] = []
+        hold.stop(lambda seen=seen: seen.append(os.environ.get("TEARDOWN_CUPTI")))
+        assert seen == ["1"] and hold.held and os.environ["TEARDOWN_CUPTI"] == "1"
+        hold.step()
+        hold.step()  # enough iterations, not yet enough time
+        assert os.environ["TEARDOWN_CUPTI"] == "1"
+        time.sleep(0.06)
+        hold.step()
+        assert not hold.held and os.environ.get("TEARDOWN_CUPTI") == prior
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    hold = _torch_env.CuptiTeardownHold()
+    hold.stop(lambda: None)
+    hold.release(force=True)
+    assert "TEARDOWN_CUPTI" not in os.environ
+
+    def failing_stop() -> None:
+        raise RuntimeError("stop failed")
+
+    with pytest.raises(RuntimeError):
+        hold.stop(failing_stop)
+    assert not hold.held and "TEARDOWN_CUPTI" not in os.environ
+
+
+def test_window_keeps_teardown_set_until_it_is_due_then_restores(tmp_path, monkeypatch):
+    """The hook's wiring, on CPU: the window's stop goes through the hold (forced on here,
+    CUPTI is only attached on a GPU), the variable is restored at a later step, and a run
+    that closes while it is held leaves the environment as it found it."""
+    import os
+
+    from tb_gpuprof import _torch_env
+
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+
+    def plan(self: GpuProfiler) -> None:
+        self._cupti_hold.release(force=True)
+        self._teardown_cupti = True
+
+    monkeypatch.setattr(GpuProfiler, "_plan_cupti_teardown", plan)
+    seen: list[str | None] = []
+    model = tiny_cnn()
+    with GpuProfiler(str(tmp_path / "run"), iter_start=2, iter_stop=4) as prof:
+        prof._cupti_hold = _torch_env.CuptiTeardownHold(hold_s=0.0, hold_steps=3)
+        for x, y in batches(10):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            prof.step()
+            seen.append(os.environ.get("TEARDOWN_CUPTI"))
+    assert seen[:3] == [None, None, None], seen  # set only inside the start call
+    assert seen[3:7] == ["1", "1", "1", None], seen  # the stop at step 4, then 3 held
+    assert "TEARDOWN_CUPTI" not in os.environ and prof.report is not None
+
+    with GpuProfiler(str(tmp_path / "run2"), iter_start=2, iter_stop=4) as prof:
+        prof._cupti_hold = _torch_env.CuptiTeardownHold(hold_s=60.0)
+        for x, y in batches(5):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            prof.step()
+        assert os.environ.get("TEARDOWN_CUPTI") == "1"
+    assert "TEARDOWN_CUPTI" not in os.environ  # close released it
