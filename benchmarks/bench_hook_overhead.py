@@ -49,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from overhead_stats import Block, Plan  # noqa: E402
+from overhead_stats import Block, Plan, from_recorded  # noqa: E402
 
 HOOKS = ("torch", "lightning", "keras-jax", "keras-torch", "plain-profiler",
          "plain-profiler-teardown")
@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="a directory for the JSON figures")
     ap.add_argument("--hooks", default=",".join(HOOKS), help="with --all: these hooks")
     ap.add_argument("--timeout", type=float, default=300, help="with --all: per process (s)")
+    ap.add_argument("--recorded", default=None,
+                    help="print a recorded --out JSON file's rows again (no measurement)")
     args = ap.parse_args(argv)
     args.workloads = [args.workload] if args.workload else list(WORKLOADS)
     args.hooks = [h for h in args.hooks.split(",") if h]
@@ -608,6 +610,12 @@ def main() -> int:
     argv = sys.argv[1:]
     as_json = "--json" in argv
     args = parse_args([a for a in argv if a != "--json"])
+    if args.recorded:
+        with open(args.recorded) as f:
+            recorded = json.load(f)
+        for row in recorded if isinstance(recorded, list) else [recorded]:
+            print(format_row(from_recorded(row)) if "raw_blocks" in row else format_row(row))
+        return 0
     if args.all:
         print("workload  hook                     bare ms/iter     ratios: hooked / bare "
               "(1.01 = 1% slower)")

@@ -109,11 +109,11 @@ def from_recorded(row: dict[str, Any]) -> dict[str, Any]:
     """A recorded row (``--out``'s JSON) summarised again from its ``raw_blocks``."""
     raw = row["raw_blocks"]
 
-    def block(b: Sequence[float]) -> Block:  # recorded before the launch probe: 3 fields
-        return (b[0], b[1], b[2], b[3] if len(b) > 3 else 0.0)
+    def block(b: Sequence[float]) -> Block:  # older records: no launch probe, one probe
+        return (b[0], b[1], b[2] if len(b) > 2 else b[1], b[3] if len(b) > 3 else 0.0)
 
     pairs = [(block(b), block(h)) for b, h in raw["pairs"]]
-    plan = Plan(row["block_iterations"], 0, 0, row.get("windows", 1))
+    plan = Plan(row.get("block_iterations", 10), 0, 0, row.get("windows", 1))
     plan.window = row.get("windows", 1)
     plan.pairs = pairs
     plan.bare = [b for b, _ in pairs]
