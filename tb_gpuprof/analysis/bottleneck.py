@@ -209,7 +209,7 @@ def _charge_gaps(gaps: np.ndarray, host: HostTimeline) -> dict[str, np.ndarray]:
     simple = np.flatnonzero(~involved)
     glue, outside, framework = _framework_pieces(gs[simple], ge[simple], host.framework)
     dispatch = framework + glue
-    if host.sync.iv:
+    if len(host.sync):
         edge = host.sync.overlaps(gs[simple] - SYNC_EDGE_US, gs[simple] + SYNC_EDGE_US) > 0
     else:
         edge = np.zeros(len(simple), dtype=bool)
@@ -270,7 +270,7 @@ def _charge_gap(gs: float, ge: float, host: HostTimeline, out: dict[str, float])
     if data:
         out["data_wait"] += length(data)
     out["host"] += outside
-    if host.sync.iv and host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
+    if len(host.sync) and host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
         # The GPU ran dry while the host was blocked: re-filling its queue is the sync's cost.
         out["sync"] += synced + dispatch
     else:

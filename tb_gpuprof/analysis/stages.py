@@ -365,7 +365,7 @@ def attribute_idle(profile: Profile, windows: list[IterationWindow], tallies: li
     for w, wt in zip(windows, tallies, strict=True):
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
-        busy_all = sum(e - s for s, e in wt.busy.iv)
+        busy_all = wt.busy.total()
         idle = max(w.wall_us - busy_all, 0.0)
         if idle > 0:
             _charge_idle(wt.busy, w, idle, causes, idle_attr)
