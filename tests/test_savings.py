@@ -143,13 +143,13 @@ def test_launch_latency_and_queue_gap_in_columns_equal_the_loops():
     seen = set()
     for _ in range(60):
         kernels, t = [], 0.0
-        for _ in range(rng.choice([1, 20, 300])):
-            t += rng.choice([0.0, 0.5, rng.uniform(0, 30)])
-            launch = rng.choice([None, t - rng.uniform(0, 40), t - 3.0, t + 1.0])
+        for _ in range(rng.choice([1, 20, 300, 300])):
+            t += rng.choice([0.0, 0.5, rng.uniform(0, 20)])
+            launch = rng.choice([None, t - rng.uniform(0, 80), t - 3.0, t + 1.0])
             if kernels and rng.random() < 0.2:
                 launch = kernels[-1].launch_us  # a graph: kernels share one launch
             act = GpuActivity(rng.choice(["kernel", "kernel", "memcpy"]), "k", t,
-                              rng.choice([0.0, rng.uniform(0, 25)]),
+                              rng.choice([0.0, rng.uniform(0, 5)]),
                               device=rng.randrange(2), stream=rng.choice([7, 13, 22]))
             kernels.append(SimKernel(act, launch, "gemm", "fp32", False, True))
         rng.shuffle(kernels)
