@@ -160,3 +160,31 @@ def test_launch_latency_and_queue_gap_in_columns_equal_the_loops():
         kernels[0].act.start_us = float("nan")
         assert whatif._KernelColumns.of(kernels) is None
     assert len({lat for lat, _ in seen}) > 10 and len({gap for _, gap in seen}) > 10
+
+
+def test_a_fix_judged_per_kernel_class_replays_like_one_judged_per_kernel():
+    """Fix.by_class calls the factor once per kernel class and divides in numpy: the
+    replayed times are exactly those of calling it for every kernel."""
+    import random
+
+    from tb_gpuprof.analysis.savings import fix_channels_last
+
+    rng = random.Random(8)
+    kernels, t = [], 0.0
+    for _ in range(400):
+        t += rng.uniform(0, 6)
+        name = rng.choice(["sgemm_128x64_nn", "max_pool_kernel", "batch_norm_fwd", "nchwToNhwc"])
+        cat = {"s": "gemm", "m": "other", "b": "norm", "n": "layout"}[name[0]]
+        kernels.append(SimKernel(GpuActivity("kernel", name, t, rng.uniform(0.5, 9)),
+                                 t - rng.uniform(0, 30), cat, rng.choice(["fp32", "bf16"]),
+                                 rng.random() < 0.3, rng.random() < 0.7))
+    r = replay(kernels, framework=[(0.0, t / 3)], syncs=[(t / 2, t / 2 + 1.0)])
+    changed = 0
+    for build in (fix_tf32, fix_amp, fix_channels_last, fix_compile):
+        for v in (0, 1, 2):
+            fix = build(v)
+            assert fix.by_class
+            per_kernel = Fix(kernel_factor=fix.kernel_factor, framework_rate=fix.framework_rate)
+            assert r.run(fix, 0.7) == r.run(per_kernel, 0.7)
+            changed += r.run(fix, 0.7) != r.run(Fix(framework_rate=fix.framework_rate), 0.7)
+    assert changed >= 6  # the kernel factors matter to most of these replays

@@ -82,6 +82,9 @@ class Fix:
     """What a recommendation changes: kernel durations, host segment rates, syncs."""
 
     kernel_factor: Callable[[SimKernel], float] = _no_factor
+    # kernel_factor reads only a kernel's class (its activity's name and kind, its category,
+    # precision, uses_tc, eligible): the replay then calls it once per distinct class
+    by_class: bool = False
     framework_rate: float = 1.0  # host time inside framework ops and their glue
     outside_rate: float = 1.0  # host work outside ops (numpy, tokenisation)
     data_rate: float = 1.0  # data-loader waits
@@ -118,6 +121,10 @@ class Replay:
         factor = fix.kernel_factor
         if factor is _NO_FACTOR:
             durations = table.durations  # x / max(1.0, 1e-6) is x
+        elif fix.by_class:  # the same divisions, in numpy (IEEE: the same quotients)
+            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
+            durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
+                per_class[table.class_index], 1e-6)).tolist()
         else:
             durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
                          for k in table.kernels]
@@ -188,6 +195,23 @@ class _EventTable:
             (k.act.device, k.category == "communication"), len(queue_of)) for k in self.kernels]
         self.queues = len(queue_of)
         self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
+        self.duration_column = np.array(self.durations, np.float64)
+        self.is_sync = np.array([k is None for k in self.kernels], bool)
+        # each event's kernel class (Fix.by_class), one kernel standing for each class
+        classes: dict[tuple, int] = {}
+        self.class_kernels: list[SimKernel] = []
+        index_of = []
+        for k in self.kernels:
+            if k is None:  # a sync: its duration is 0.0 under every fix
+                index_of.append(0)
+                continue
+            key = (k.act.name, k.act.kind, k.category, k.precision, k.uses_tc, k.eligible)
+            at = classes.get(key)
+            if at is None:
+                at = classes[key] = len(self.class_kernels)
+                self.class_kernels.append(k)
+            index_of.append(at)
+        self.class_index = np.array(index_of, np.int64)
         self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
         segs = replay.segments
         starts = np.array([s for s, _, _ in segs], dtype=np.float64)
@@ -236,8 +260,9 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     for s, e in subtract(whole, merge(d + sy + cc + fw)):
         segments.append((s, e, "framework" if e - s < glue_max_us else "outside"))
     segments.sort()
+    cols = _KernelColumns.of(kernels)
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
-                    _launch_latency(kernels), gap_us=_queue_gap(kernels))
+                    _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
     replay.seg_starts = [s for s, _, _ in segments]
     active = [e for _, e, kind in segments if kind != "outside"]
     replay.host_end_us = max(active) if active else end_us
@@ -289,10 +314,11 @@ def _median_latency(gaps: list[float]) -> float:
     return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
 
 
-def _launch_latency(kernels: Sequence[SimKernel]) -> float:
+def _launch_latency(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
     """Median launch-to-start time of kernels that found their stream idle. Only the first
-    kernel of a launch counts: a CUDA graph's kernels share one launch call."""
-    cols = _KernelColumns.of(kernels)
+    kernel of a launch counts: a CUDA graph's kernels share one launch call. ``cols``: the
+    kernels' columns when the caller has them."""
+    cols = cols or _KernelColumns.of(kernels)
     if cols is None:
         return _launch_latency_loop(kernels)
     order = np.argsort(cols.start, kind="stable")  # sorted() by start: ties keep their order
@@ -343,14 +369,14 @@ def _median_gap(gaps: list[float]) -> float:
     return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
 
 
-def _queue_gap(kernels: Sequence[SimKernel]) -> float:
+def _queue_gap(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
     """Median idle time between consecutive kernels of one stream when the second was
     launched before the first ended (the queue was full, so the host did not cause it).
 
     Even a GPU-bound iteration is not kernels packed end to end: the GPU front end needs
     about a microsecond or more between kernels, so a ResNet-50 step with ~1,600 kernels
     spends about 3 ms between them. A replay without it reads that time as host-bound."""
-    cols = _KernelColumns.of(kernels)
+    cols = cols or _KernelColumns.of(kernels)
     if cols is None:
         return _queue_gap_loop(kernels)
     at = np.flatnonzero(cols.is_kernel & cols.has_launch)
@@ -423,4 +449,5 @@ def compose(first: Fix, then: Fix) -> Fix:
                outside_rate=first.outside_rate * then.outside_rate,
                data_rate=first.data_rate * then.data_rate,
                copy_call_rate=first.copy_call_rate * then.copy_call_rate,
-               syncs_wait=first.syncs_wait and then.syncs_wait)
+               syncs_wait=first.syncs_wait and then.syncs_wait,
+               by_class=first.by_class and then.by_class)
