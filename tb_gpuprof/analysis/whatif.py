@@ -197,21 +197,7 @@ class _EventTable:
         self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
         self.duration_column = np.array(self.durations, np.float64)
         self.is_sync = np.array([k is None for k in self.kernels], bool)
-        # each event's kernel class (Fix.by_class), one kernel standing for each class
-        classes: dict[tuple, int] = {}
-        self.class_kernels: list[SimKernel] = []
-        index_of = []
-        for k in self.kernels:
-            if k is None:  # a sync: its duration is 0.0 under every fix
-                index_of.append(0)
-                continue
-            key = (k.act.name, k.act.kind, k.category, k.precision, k.uses_tc, k.eligible)
-            at = classes.get(key)
-            if at is None:
-                at = classes[key] = len(self.class_kernels)
-                self.class_kernels.append(k)
-            index_of.append(at)
-        self.class_index = np.array(index_of, np.int64)
+        self.class_kernels, self.class_index = self._kernel_classes()
         self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
         segs = replay.segments
         starts = np.array([s for s, _, _ in segs], dtype=np.float64)
@@ -229,6 +215,24 @@ class _EventTable:
                                if len(starts) else 0.0)
         self.beyond = np.where(self.before, 0.0, np.maximum(probe - ends[safe], 0.0)
                                if len(starts) else 0.0)
+
+    def _kernel_classes(self) -> tuple[list[SimKernel], np.ndarray]:
+        """One kernel standing for each kernel class (Fix.by_class) and each event's class
+        (0 for a sync: its duration is 0.0 under every fix)."""
+        classes: dict[tuple, int] = {}
+        stand_ins: list[SimKernel] = []
+        index_of = []
+        for k in self.kernels:
+            if k is None:
+                index_of.append(0)
+                continue
+            key = (k.act.name, k.act.kind, k.category, k.precision, k.uses_tc, k.eligible)
+            at = classes.get(key)
+            if at is None:
+                at = classes[key] = len(stand_ins)
+                stand_ins.append(k)
+            index_of.append(at)
+        return stand_ins, np.array(index_of, np.int64)
 
     def host_times(self, rates: dict[str, float]) -> tuple[list[float], float, float]:
         """Replayed host time of every event, of the window's start and of the host's end."""
@@ -260,93 +264,29 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     for s, e in subtract(whole, merge(d + sy + cc + fw)):
         segments.append((s, e, "framework" if e - s < glue_max_us else "outside"))
     segments.sort()
-    cols = _KernelColumns.of(kernels)
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
-                    _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
+                    _launch_latency(kernels), gap_us=_queue_gap(kernels))
     replay.seg_starts = [s for s, _, _ in segments]
     active = [e for _, e, kind in segments if kind != "outside"]
     replay.host_end_us = max(active) if active else end_us
     return replay
 
 
-@dataclass(slots=True)
-class _KernelColumns:
-    """The kernels' start, duration, launch time (``has_launch`` where there is one) and
-    stream (device and stream as one code) as numpy columns, in the kernels' order."""
-
-    start: np.ndarray
-    dur: np.ndarray
-    launch: np.ndarray
-    has_launch: np.ndarray
-    stream: np.ndarray
-    is_kernel: np.ndarray
-
-    @classmethod
-    def of(cls, kernels: Sequence[SimKernel]) -> _KernelColumns | None:
-        """None when a value is not finite or a stream key is not a small int: the loops
-        below then decide (their comparisons with NaN are not numpy's)."""
-        n = len(kernels)
-        acts = [k.act for k in kernels]
-        launches = [k.launch_us for k in kernels]
-        try:
-            start = np.fromiter((a.start_us for a in acts), np.float64, n)
-            dur = np.fromiter((a.dur_us for a in acts), np.float64, n)
-            launch = np.fromiter((0.0 if t is None else t for t in launches), np.float64, n)
-            device = np.fromiter((a.device for a in acts), np.int64, n)
-            stream = np.fromiter((a.stream for a in acts), np.int64, n)
-        except (TypeError, OverflowError):
-            return None
-        if not (np.isfinite(start).all() and np.isfinite(dur).all()
-                and np.isfinite(launch).all()):
-            return None
-        if n and (device.min() < 0 or device.max() >= 2**20 or stream.min() < 0
-                  or stream.max() >= 2**40):
-            return None
-        has_launch = np.fromiter((t is not None for t in launches), bool, n)
-        is_kernel = np.fromiter((a.kind == "kernel" for a in acts), bool, n)
-        return cls(start, dur, launch, has_launch, (device << 40) | stream, is_kernel)
-
-
-def _median_latency(gaps: list[float]) -> float:
-    gaps = sorted(g for g in gaps if g >= 0)
-    if not gaps:
-        return 5.0
-    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
-
-
-def _launch_latency(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
-    """Median launch-to-start time of kernels that found their stream idle. Only the first
-    kernel of a launch counts: a CUDA graph's kernels share one launch call. ``cols``: the
-    kernels' columns when the caller has them."""
-    cols = cols or _KernelColumns.of(kernels)
-    if cols is None:
-        return _launch_latency_loop(kernels)
-    order = np.argsort(cols.start, kind="stable")  # sorted() by start: ties keep their order
-    start, end = cols.start[order], (cols.start + cols.dur)[order]
-    stream, launch, has_launch = cols.stream[order], cols.launch[order], cols.has_launch[order]
-    # what its stream was busy until before each kernel: the running maximum of the ends of
-    # the stream's earlier kernels (-inf before the first)
-    free = np.full(len(start), -np.inf)
-    for code in np.unique(stream).tolist():
-        at = np.flatnonzero(stream == code)
-        free[at[1:]] = np.maximum.accumulate(end[at])[:-1]
-    first = np.zeros(len(start), dtype=bool)  # the first kernel of each launch time
-    first[np.flatnonzero(has_launch)[np.unique(launch[has_launch], return_index=True)[1]]] = True
-    counted = first & (start > free + 1.0)
-    return _median_latency((start[counted] - launch[counted]).tolist())
-
-
 def _act_start(k: SimKernel) -> float:
     return k.act.start_us
 
 
-def _launch_latency_loop(kernels: Sequence[SimKernel]) -> float:
-    """:func:`_launch_latency` one kernel at a time (for values numpy would order otherwise)."""
+_ACT_START = _act_start
+
+
+def _launch_latency(kernels: Sequence[SimKernel]) -> float:
+    """Median launch-to-start time of kernels that found their stream idle. Only the first
+    kernel of a launch counts: a CUDA graph's kernels share one launch call."""
     free: dict[tuple[int, int], float] = {}
     gaps = []
     seen: set[float] = set()
     never = float("-inf")
-    for k in sorted(kernels, key=_act_start):
+    for k in sorted(kernels, key=_ACT_START):
         a = k.act
         key = (a.device, a.stream)
         launch = k.launch_us
@@ -359,49 +299,34 @@ def _launch_latency_loop(kernels: Sequence[SimKernel]) -> float:
             free[key] = end
         elif key not in free:
             free[key] = never  # as max(-inf, end) for an end that is not above -inf (NaN)
-    return _median_latency(gaps)
+    gaps = sorted(g for g in gaps if g >= 0)
+    if not gaps:
+        return 5.0
+    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
 
 
-def _median_gap(gaps: list[float]) -> float:
-    if len(gaps) < 16:
-        return 0.0
-    gaps.sort()
-    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
-
-
-def _queue_gap(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
+def _queue_gap(kernels: Sequence[SimKernel]) -> float:
     """Median idle time between consecutive kernels of one stream when the second was
     launched before the first ended (the queue was full, so the host did not cause it).
 
     Even a GPU-bound iteration is not kernels packed end to end: the GPU front end needs
     about a microsecond or more between kernels, so a ResNet-50 step with ~1,600 kernels
     spends about 3 ms between them. A replay without it reads that time as host-bound."""
-    cols = cols or _KernelColumns.of(kernels)
-    if cols is None:
-        return _queue_gap_loop(kernels)
-    at = np.flatnonzero(cols.is_kernel & cols.has_launch)
-    at = at[np.lexsort((cols.start[at], cols.stream[at]))]  # per stream by start, stably
-    start, launch, stream = cols.start[at], cols.launch[at], cols.stream[at]
-    end = start + cols.dur[at]
-    same = stream[1:] == stream[:-1]  # (previous, next) pairs of one stream
-    full = same & (launch[1:] < end[:-1] - MIN_LAUNCH_LATENCY_US)
-    idle = start[1:][full] - end[:-1][full]
-    return _median_gap(np.where(0.0 > idle, 0.0, idle).tolist())  # max(idle, 0.0)
-
-
-def _queue_gap_loop(kernels: Sequence[SimKernel]) -> float:
     by_stream: dict[tuple[int, int], list[SimKernel]] = {}
     for k in kernels:
         if k.act.kind == "kernel" and k.launch_us is not None:
             by_stream.setdefault((k.act.device, k.act.stream), []).append(k)
     gaps: list[float] = []
     for ks in by_stream.values():
-        ks.sort(key=_act_start)
+        ks.sort(key=lambda k: k.act.start_us)
         for prev, nxt in pairwise(ks):
             end = prev.act.start_us + prev.act.dur_us
             if nxt.launch_us is not None and nxt.launch_us < end - MIN_LAUNCH_LATENCY_US:
                 gaps.append(max(nxt.act.start_us - end, 0.0))
-    return _median_gap(gaps)
+    if len(gaps) < 16:
+        return 0.0
+    gaps.sort()
+    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
 
 
 def calibrate(replay: Replay, target_us: float | None) -> float:
