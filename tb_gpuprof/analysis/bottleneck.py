@@ -159,16 +159,18 @@ def _clip(cov: Coverage, a: float, b: float) -> Intervals:
 
 def gpu_intervals(profile: Profile, is_comm: Any) -> tuple[Coverage, Coverage, Coverage]:
     """(compute, copies/memsets, collectives) busy time over all devices and streams."""
-    compute, copy, comm = [], [], []
-    for g in profile.gpu:
-        iv = (g.start_us, g.start_us + g.dur_us)
-        if g.kind != KERNEL:
-            copy.append(iv)
-        elif is_comm(g.name):
-            comm.append(iv)
-        else:
-            compute.append(iv)
-    return Coverage(compute), Coverage(copy), Coverage(comm)
+    gpu = profile.gpu
+    n = len(gpu)
+    starts, ends = columns.floats(gpu, "start_us"), columns.ends(gpu)
+    names, kinds = columns.values(gpu, "name"), columns.values(gpu, "kind")
+    is_kernel = np.fromiter((k == KERNEL for k in kinds), bool, n)
+    comm_names = {name: bool(is_comm(name)) for name in  # each kernel name judged once
+                  {name for name, kind in zip(names, kinds, strict=True) if kind == KERNEL}}
+    comm = is_kernel & np.fromiter((comm_names.get(name, False) for name in names), bool, n)
+    compute = is_kernel & ~comm
+    return (Coverage.of_columns(starts[compute], ends[compute]),
+            Coverage.of_columns(starts[~is_kernel], ends[~is_kernel]),
+            Coverage.of_columns(starts[comm], ends[comm]))
 
 
 def iteration_shares(start: float, end: float, gpu: tuple[Coverage, Coverage, Coverage],
