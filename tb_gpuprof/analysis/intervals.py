@@ -304,7 +304,13 @@ class Coverage:
         if hi - lo == 1:  # the usual case: one interval
             s, e = self._at(lo)
             return [(s if s > a else a, e if e < b else b)] if e > a else []
-        return [(s if s > a else a, e if e < b else b) for s, e in self._slice(lo, hi) if e > a]
+        if self._iv is not None:
+            return [(s if s > a else a, e if e < b else b) for s, e in self._iv[lo:hi] if e > a]
+        starts, ends, _ = self.arrays()  # the same picks, in numpy
+        s, e = starts[lo:hi], ends[lo:hi]
+        s, e = s[e > a], e[e > a]
+        return list(zip(np.where(s > a, s, a).tolist(), np.where(e < b, e, b).tolist(),
+                        strict=True))
 
     def _first_start(self) -> float:
         return self._starts[0] if self._starts is not None else float(self.arrays()[0][0])
