@@ -157,3 +157,43 @@ def test_a_fix_judged_per_kernel_class_replays_like_one_judged_per_kernel():
             assert r.run(fix, 0.7) == r.run(per_kernel, 0.7)
             changed += r.run(fix, 0.7) != r.run(Fix(framework_rate=fix.framework_rate), 0.7)
     assert changed >= 6  # the kernel factors matter to most of these replays
+
+
+def _segments_with_lists(data, sync, framework, copy_calls, start, end, glue_max_us):
+    """build_replay's segments as the interval lists made them (the reference)."""
+    from tb_gpuprof.analysis.intervals import merge, subtract
+
+    whole = [(start, end)]
+    d = data.clip(start, end)
+    sy = subtract(sync.clip(start, end), d)
+    cc = subtract(subtract(copy_calls.clip(start, end), d), sy)
+    fw = subtract(subtract(subtract(framework.clip(start, end), d), sy), cc)
+    segments = [(s, e, "data") for s, e in d] + [(s, e, "sync") for s, e in sy]
+    segments += [(s, e, "copy_call") for s, e in cc] + [(s, e, "framework") for s, e in fw]
+    for s, e in subtract(whole, merge(d + sy + cc + fw)):
+        segments.append((s, e, "framework" if e - s < glue_max_us else "outside"))
+    return sorted(segments)
+
+
+def test_replay_segments_in_columns_equal_the_interval_lists():
+    """build_replay cuts the window in numpy; on random host timelines (small and columnar
+    coverages, touching and overlapping ranges, windows cutting ranges) its segments are
+    exactly the ones interval lists give."""
+    import random
+
+    rng = random.Random(21)
+
+    def cov(n):
+        return Coverage([(s := rng.randrange(0, 8000) / 4, s + rng.randrange(1, 60) / 4)
+                         for _ in range(n)])
+
+    for _ in range(40):
+        covs = [cov(rng.choice([0, 5, 300])) for _ in range(4)]
+        start = rng.randrange(-50, 1000) / 4
+        end = start + rng.choice([0.0, rng.randrange(1, 9000) / 4])
+        r = build_replay([gemm(start, start + 1.0, 2.0)], [], data=covs[0], sync=covs[1],
+                         framework=covs[2], copy_calls=covs[3], start_us=start, end_us=end,
+                         glue_max_us=3.0)
+        got = list(zip(r.segments.start.tolist(), r.segments.end.tolist(),
+                       r.segments.kinds(), strict=True))
+        assert got == _segments_with_lists(*covs, start, end, 3.0)

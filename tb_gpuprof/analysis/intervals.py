@@ -72,11 +72,20 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 
 
 def _subtract_columns(a: Intervals, b: Intervals) -> Intervals | None:
-    """:func:`subtract` in numpy, for sorted, disjoint ``a`` and ``b`` (else None): what is
-    left of each interval of ``a`` is its overlap with the gaps of ``b``; each piece's ends
-    are picked, as the loop picks them (no arithmetic), so the floats are the same."""
+    """:func:`subtract` in numpy, for sorted, disjoint ``a`` and ``b`` (else None)."""
     a_arr, b_arr = np.array(a, np.float64), np.array(b, np.float64)
-    s, e, bs, be = a_arr[:, 0], a_arr[:, 1], b_arr[:, 0], b_arr[:, 1]
+    cut = subtract_columns(a_arr[:, 0], a_arr[:, 1], b_arr[:, 0], b_arr[:, 1])
+    if cut is None:
+        return None
+    return list(zip(cut[0].tolist(), cut[1].tolist(), strict=True))
+
+
+def subtract_columns(s: np.ndarray, e: np.ndarray, bs: np.ndarray, be: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`subtract` of (starts, ends) columns, for sorted, disjoint [s, e) and [bs, be)
+    (else None): what is left of each interval of ``a`` is its overlap with the gaps of
+    ``b``; each piece's ends are picked, as the loop picks them (no arithmetic), so the
+    floats are the same."""
     if not ((s[1:] >= e[:-1]).all() and (bs[1:] >= be[:-1]).all() and (be >= bs).all()
             and (e >= s).all()):
         return None
@@ -90,7 +99,7 @@ def _subtract_columns(a: Intervals, b: Intervals) -> Intervals | None:
     ps = np.where(gap_s[gap] > ps, gap_s[gap], ps)  # max(cur, b's end), as the loop
     pe = np.where(gap_e[gap] < pe, gap_e[gap], pe)
     keep = pe > ps
-    return list(zip(ps[keep].tolist(), pe[keep].tolist(), strict=True))
+    return ps[keep], pe[keep]
 
 
 def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
@@ -307,9 +316,9 @@ class Coverage:
         if self._iv is not None:
             return [(s if s > a else a, e if e < b else b) for s, e in self._iv[lo:hi] if e > a]
         starts, ends, _ = self.arrays()  # the same picks, in numpy
-        s, e = starts[lo:hi], ends[lo:hi]
-        s, e = s[e > a], e[e > a]
-        return list(zip(np.where(s > a, s, a).tolist(), np.where(e < b, e, b).tolist(),
+        ps, pe = starts[lo:hi], ends[lo:hi]
+        ps, pe = ps[pe > a], pe[pe > a]
+        return list(zip(np.where(ps > a, ps, a).tolist(), np.where(pe < b, pe, b).tolist(),
                         strict=True))
 
     def _first_start(self) -> float:

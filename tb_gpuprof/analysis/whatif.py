@@ -18,14 +18,14 @@ The speed-up factors live in one table, :data:`SPEEDUPS` (docs/recommendations.m
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 
 import msgspec
 import numpy as np
 
 from ..model import GpuActivity
-from .intervals import Coverage, Intervals, merge, subtract
+from .intervals import Coverage, subtract, subtract_columns
 
 # Per-kernel-class speed-ups on an H200, as (typical, low, high): the kernel runs `typical`
 # times faster after the fix; low/high bound the estimate's range. Measured by
@@ -98,11 +98,10 @@ class Replay:
 
     kernels: list[SimKernel]
     syncs: list[tuple[float, float]]
-    segments: list[tuple[float, float, str]]  # (start, end, kind) covering [start, end)
+    segments: Segments  # covering [start, end)
     start_us: float
     end_us: float
     latency_us: float
-    seg_starts: list[float] = field(default_factory=list)
     host_end_us: float = 0.0  # the host's last activity: op-less time after it is waiting
     gap_us: float = 0.0  # GPU idle between two kernels of a full queue (see _queue_gap)
 
@@ -199,10 +198,8 @@ class _EventTable:
         self.is_sync = np.array([k is None for k in self.kernels], bool)
         self.class_kernels, self.class_index = self._kernel_classes()
         self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
-        segs = replay.segments
-        starts = np.array([s for s, _, _ in segs], dtype=np.float64)
-        ends = np.array([e for _, e, _ in segs], dtype=np.float64)
-        self.kind = np.array([KINDS.index(k) for _, _, k in segs], dtype=np.int64)
+        starts, ends = replay.segments.start, replay.segments.end
+        self.kind = replay.segments.kind
         self.length = ends - starts
         probe = np.array([*times, replay.start_us, replay.host_end_us or replay.end_us])
         seg = np.searchsorted(starts, probe, side="right") - 1
@@ -246,29 +243,64 @@ class _EventTable:
         return at[:-2], at[-2], at[-1]
 
 
+@dataclass(slots=True)
+class Segments:
+    """The window's host timeline as columns: [start, end) pieces, ascending, and each
+    piece's kind (an index into KINDS)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def kinds(self) -> list[str]:
+        return [KINDS[k] for k in self.kind.tolist()]
+
+
+_Columns = tuple[np.ndarray, np.ndarray]
+
+
+def _minus(a: _Columns, b: _Columns) -> _Columns:
+    """:func:`intervals.subtract` of sorted, disjoint (start, end) columns."""
+    if not len(b[0]):
+        keep = a[0] < a[1]  # as subtract() keeps a's non-empty intervals
+        return a[0][keep], a[1][keep]
+    cut = subtract_columns(a[0], a[1], b[0], b[1])
+    if cut is None:  # not sorted and disjoint: the loop
+        left = subtract(list(zip(a[0].tolist(), a[1].tolist(), strict=True)),
+                        list(zip(b[0].tolist(), b[1].tolist(), strict=True)))
+        return np.array([s for s, _ in left]), np.array([e for _, e in left])
+    return cut
+
+
 def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
                  start_us: float, end_us: float, glue_max_us: float) -> Replay:
-    """Segments of [start, end) by the host's state, in the bottleneck model's precedence."""
-    whole: Intervals = [(start_us, end_us)]
-
-    def clip(cov: Coverage) -> Intervals:
-        return cov.clip(start_us, end_us)
-
-    d = clip(data)
-    sy = subtract(clip(sync), d)
-    cc = subtract(subtract(clip(copy_calls), d), sy)
-    fw = subtract(subtract(subtract(clip(framework), d), sy), cc)
-    segments = [(s, e, "data") for s, e in d] + [(s, e, "sync") for s, e in sy]
-    segments += [(s, e, "copy_call") for s, e in cc] + [(s, e, "framework") for s, e in fw]
-    for s, e in subtract(whole, merge(d + sy + cc + fw)):
-        segments.append((s, e, "framework" if e - s < glue_max_us else "outside"))
-    segments.sort()
+    """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
+    data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
+    work outside ops). In columns: the pieces' ends are picked, never computed."""
+    whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
+    d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
+    sy = _minus(sy, d)
+    cc = _minus(_minus(cc, d), sy)
+    fw = _minus(_minus(_minus(fw, d), sy), cc)
+    taken = Coverage.of_arrays(np.concatenate([d[0], sy[0], cc[0], fw[0]]),
+                               np.concatenate([d[1], sy[1], cc[1], fw[1]])).arrays()
+    rest = _minus(whole, (taken[0], taken[1]))
+    rest_kind = np.where(rest[1] - rest[0] < glue_max_us, KINDS.index("framework"),
+                         KINDS.index("outside"))
+    parts = ((d, "data"), (sy, "sync"), (cc, "copy_call"), (fw, "framework"))
+    start = np.concatenate([p[0] for p, _ in parts] + [rest[0]])
+    end = np.concatenate([p[1] for p, _ in parts] + [rest[1]])
+    kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])
+    order = np.argsort(start, kind="stable")  # the pieces are disjoint: no two share a start
+    segments = Segments(start[order], end[order], kind[order].astype(np.int64))
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
                     _launch_latency(kernels), gap_us=_queue_gap(kernels))
-    replay.seg_starts = [s for s, _, _ in segments]
-    active = [e for _, e, kind in segments if kind != "outside"]
-    replay.host_end_us = max(active) if active else end_us
+    active = segments.end[segments.kind != KINDS.index("outside")]
+    replay.host_end_us = float(active.max()) if len(active) else end_us
     return replay
 
 
