@@ -197,3 +197,34 @@ def test_replay_segments_in_columns_equal_the_interval_lists():
         got = list(zip(r.segments.start.tolist(), r.segments.end.tolist(),
                        r.segments.kinds(), strict=True))
         assert got == _segments_with_lists(*covs, start, end, 3.0)
+
+
+def test_launch_latency_and_queue_gap_in_columns_equal_the_loops():
+    """The replay's launch latency and queue gap are computed in numpy; on random kernels
+    (streams, devices, shared launches as in CUDA graphs, ties, memcpys, no launch) they are
+    exactly what the one-kernel-at-a-time loops give."""
+    import random
+
+    from tb_gpuprof.analysis import whatif
+
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(60):
+        kernels, t = [], 0.0
+        for _ in range(rng.choice([1, 20, 300, 300])):
+            t += rng.choice([0.0, 0.5, rng.uniform(0, 20)])
+            launch = rng.choice([None, t - rng.uniform(0, 80), t - 3.0, t + 1.0])
+            if kernels and rng.random() < 0.2:
+                launch = kernels[-1].launch_us  # a graph: kernels share one launch
+            act = GpuActivity(rng.choice(["kernel", "kernel", "memcpy"]), "k", t,
+                              rng.choice([0.0, rng.uniform(0, 5)]),
+                              device=rng.randrange(2), stream=rng.choice([7, 13, 22]))
+            kernels.append(SimKernel(act, launch, "gemm", "fp32", False, True))
+        rng.shuffle(kernels)
+        assert whatif._launch_latency(kernels) == whatif._launch_latency_loop(kernels)
+        assert whatif._queue_gap(kernels) == whatif._queue_gap_loop(kernels)
+        seen.add((whatif._launch_latency(kernels), whatif._queue_gap(kernels)))
+        # a value numpy orders differently than sorted() (NaN) takes the loops
+        kernels[0].act.start_us = float("nan")
+        assert whatif._KernelColumns.of(kernels) is None
+    assert len({lat for lat, _ in seen}) > 10 and len({gap for _, gap in seen}) > 10

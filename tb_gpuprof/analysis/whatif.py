@@ -106,6 +106,7 @@ class Replay:
     gap_us: float = 0.0  # GPU idle between two kernels of a full queue (see _queue_gap)
 
     _table: _EventTable | None = None
+    _columns: _KernelColumns | None = None  # the kernels' columns (None: not all finite)
 
     def run(self, fix: Fix, host_scale: float = 1.0) -> float:
         """Replayed window time (us) under ``fix``; host framework time times ``host_scale``."""
@@ -155,20 +156,25 @@ class Replay:
         return total
 
     def _prepare(self) -> _EventTable:
-        times = [t0 for t0, _ in self.syncs]
-        index = [-1] * len(self.syncs)
-        for i, k in enumerate(self.kernels):
-            times.append(k.launch_us if k.launch_us is not None
-                         else k.act.start_us - self.latency_us)
-            index.append(i)
-        t, is_kernel = np.array(times, np.float64), np.array(index, np.int64) >= 0
-        if np.isfinite(t).all():  # by time, a sync before a kernel launched at its time
-            order = np.lexsort((is_kernel, t))  # stable, as sorted() is
-            times, index = t[order].tolist(), np.array(index, np.int64)[order].tolist()
+        """Syncs and kernel launches in host-time order (a sync before a kernel launched at
+        its time), then the event table."""
+        sync_t = np.array([t0 for t0, _ in self.syncs], np.float64)
+        cols = self._columns
+        if cols is not None:
+            launch_t = np.where(cols.has_launch, cols.launch, cols.start - self.latency_us)
+        else:
+            launch_t = np.array([k.launch_us if k.launch_us is not None
+                                 else k.act.start_us - self.latency_us for k in self.kernels],
+                                np.float64)
+        t = np.concatenate([sync_t, launch_t])
+        index = np.concatenate([np.full(len(sync_t), -1), np.arange(len(launch_t))])
+        if np.isfinite(t).all():
+            order = np.lexsort((index >= 0, t))  # stable, as sorted() is
+            self._table = _EventTable(self, t[order].tolist(), index[order].tolist())
         else:  # NaN: sorted()'s order, which numpy's is not
-            order_j = sorted(range(len(times)), key=lambda j: (times[j], index[j] >= 0))
-            times, index = [times[j] for j in order_j], [index[j] for j in order_j]
-        self._table = _EventTable(self, times, index)
+            times, idx = t.tolist(), index.tolist()
+            by = sorted(range(len(times)), key=lambda j: (times[j], idx[j] >= 0))
+            self._table = _EventTable(self, [times[j] for j in by], [idx[j] for j in by])
         return self._table
 
 
@@ -297,28 +303,96 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])
     order = np.argsort(start, kind="stable")  # the pieces are disjoint: no two share a start
     segments = Segments(start[order], end[order], kind[order].astype(np.int64))
+    cols = _KernelColumns.of(kernels)
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
-                    _launch_latency(kernels), gap_us=_queue_gap(kernels))
+                    _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
+    replay._columns = cols
     active = segments.end[segments.kind != KINDS.index("outside")]
     replay.host_end_us = float(active.max()) if len(active) else end_us
     return replay
+
+
+@dataclass(slots=True)
+class _KernelColumns:
+    """The kernels' start, duration, launch time (``has_launch`` where there is one) and
+    stream (device and stream as one code) as numpy columns, in the kernels' order."""
+
+    start: np.ndarray
+    dur: np.ndarray
+    launch: np.ndarray
+    has_launch: np.ndarray
+    stream: np.ndarray
+    is_kernel: np.ndarray
+
+    @classmethod
+    def of(cls, kernels: Sequence[SimKernel]) -> _KernelColumns | None:
+        """None when a value is not finite or a stream key is not a small int: the loops
+        below then decide (their comparisons with NaN are not numpy's)."""
+        n = len(kernels)
+        acts = [k.act for k in kernels]
+        launches = [k.launch_us for k in kernels]
+        try:
+            start = np.fromiter((a.start_us for a in acts), np.float64, n)
+            dur = np.fromiter((a.dur_us for a in acts), np.float64, n)
+            launch = np.fromiter((0.0 if t is None else t for t in launches), np.float64, n)
+            device = np.fromiter((a.device for a in acts), np.int64, n)
+            stream = np.fromiter((a.stream for a in acts), np.int64, n)
+        except (TypeError, OverflowError):
+            return None
+        if not (np.isfinite(start).all() and np.isfinite(dur).all()
+                and np.isfinite(launch).all()):
+            return None
+        if n and (device.min() < 0 or device.max() >= 2**20 or stream.min() < 0
+                  or stream.max() >= 2**40):
+            return None
+        has_launch = np.fromiter((t is not None for t in launches), bool, n)
+        is_kernel = np.fromiter((a.kind == "kernel" for a in acts), bool, n)
+        return cls(start, dur, launch, has_launch, (device << 40) | stream, is_kernel)
+
+
+def _median_latency(gaps: list[float]) -> float:
+    gaps = sorted(g for g in gaps if g >= 0)
+    if not gaps:
+        return 5.0
+    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
+
+
+def _launch_latency(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
+    """Median launch-to-start time of kernels that found their stream idle. Only the first
+    kernel of a launch counts: a CUDA graph's kernels share one launch call. ``cols``: the
+    kernels' columns, when the caller has them."""
+    cols = cols or _KernelColumns.of(kernels)
+    if cols is None:
+        return _launch_latency_loop(kernels)
+    order = np.argsort(cols.start, kind="stable")  # sorted() by start: ties keep their order
+    start, end = cols.start[order], (cols.start + cols.dur)[order]
+    stream, launch, has_launch = cols.stream[order], cols.launch[order], cols.has_launch[order]
+    # what its stream was busy until before each kernel: the running maximum of the ends of
+    # the stream's earlier kernels (-inf before the first)
+    free = np.full(len(start), -np.inf)
+    for code in set(stream.tolist()):
+        at = np.flatnonzero(stream == code)
+        free[at[1:]] = np.maximum.accumulate(end[at])[:-1]
+    first = np.zeros(len(start), dtype=bool)  # the first kernel of each launch time
+    launched = np.flatnonzero(has_launch)
+    by_launch = launched[np.argsort(launch[launched], kind="stable")]
+    values = launch[by_launch]
+    first[by_launch[np.r_[True, values[1:] != values[:-1]]] if len(values) else by_launch] = True
+    counted = first & (start > free + 1.0)
+    return _median_latency((start[counted] - launch[counted]).tolist())
 
 
 def _act_start(k: SimKernel) -> float:
     return k.act.start_us
 
 
-_ACT_START = _act_start
-
-
-def _launch_latency(kernels: Sequence[SimKernel]) -> float:
-    """Median launch-to-start time of kernels that found their stream idle. Only the first
-    kernel of a launch counts: a CUDA graph's kernels share one launch call."""
+def _launch_latency_loop(kernels: Sequence[SimKernel]) -> float:
+    """:func:`_launch_latency` one kernel at a time (for values numpy would order otherwise)."""
     free: dict[tuple[int, int], float] = {}
     gaps = []
     seen: set[float] = set()
     never = float("-inf")
-    for k in sorted(kernels, key=_ACT_START):
+    for k in sorted(kernels, key=_act_start):
         a = k.act
         key = (a.device, a.stream)
         launch = k.launch_us
@@ -331,34 +405,49 @@ def _launch_latency(kernels: Sequence[SimKernel]) -> float:
             free[key] = end
         elif key not in free:
             free[key] = never  # as max(-inf, end) for an end that is not above -inf (NaN)
-    gaps = sorted(g for g in gaps if g >= 0)
-    if not gaps:
-        return 5.0
-    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
+    return _median_latency(gaps)
 
 
-def _queue_gap(kernels: Sequence[SimKernel]) -> float:
+def _median_gap(gaps: list[float]) -> float:
+    if len(gaps) < 16:
+        return 0.0
+    gaps.sort()
+    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
+
+
+def _queue_gap(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
     """Median idle time between consecutive kernels of one stream when the second was
     launched before the first ended (the queue was full, so the host did not cause it).
 
     Even a GPU-bound iteration is not kernels packed end to end: the GPU front end needs
     about a microsecond or more between kernels, so a ResNet-50 step with ~1,600 kernels
     spends about 3 ms between them. A replay without it reads that time as host-bound."""
+    cols = cols or _KernelColumns.of(kernels)
+    if cols is None:
+        return _queue_gap_loop(kernels)
+    at = np.flatnonzero(cols.is_kernel & cols.has_launch)
+    at = at[np.lexsort((cols.start[at], cols.stream[at]))]  # per stream by start, stably
+    start, launch, stream = cols.start[at], cols.launch[at], cols.stream[at]
+    end = start + cols.dur[at]
+    same = stream[1:] == stream[:-1]  # (previous, next) pairs of one stream
+    full = same & (launch[1:] < end[:-1] - MIN_LAUNCH_LATENCY_US)
+    idle = start[1:][full] - end[:-1][full]
+    return _median_gap(np.where(0.0 > idle, 0.0, idle).tolist())  # max(idle, 0.0)
+
+
+def _queue_gap_loop(kernels: Sequence[SimKernel]) -> float:
     by_stream: dict[tuple[int, int], list[SimKernel]] = {}
     for k in kernels:
         if k.act.kind == "kernel" and k.launch_us is not None:
             by_stream.setdefault((k.act.device, k.act.stream), []).append(k)
     gaps: list[float] = []
     for ks in by_stream.values():
-        ks.sort(key=lambda k: k.act.start_us)
+        ks.sort(key=_act_start)
         for prev, nxt in pairwise(ks):
             end = prev.act.start_us + prev.act.dur_us
             if nxt.launch_us is not None and nxt.launch_us < end - MIN_LAUNCH_LATENCY_US:
                 gaps.append(max(nxt.act.start_us - end, 0.0))
-    if len(gaps) < 16:
-        return 0.0
-    gaps.sort()
-    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
+    return _median_gap(gaps)
 
 
 def calibrate(replay: Replay, target_us: float | None) -> float:
