@@ -109,20 +109,12 @@ def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -
 
 
 def segment_sums(values: np.ndarray, segment: np.ndarray, n: int) -> np.ndarray:
-    """Per segment (``segment`` ascending, in 0..n-1), the sum of its values added left to
-    right from 0.0: the floats a Python ``total += v`` loop per segment gives (numpy's own
-    reductions add pairwise, so they may differ in the last digit). One vectorized addition
-    per position within a segment, so it suits many short segments."""
+    """Per segment (``segment`` in 0..n-1), the sum of its values added left to right from
+    0.0: the floats a Python ``total += v`` loop per segment gives (numpy's own reductions
+    add pairwise, so they may differ in the last digit). ``np.add.at`` adds unbuffered, one
+    value after the other in index order, so each segment's sum is that loop's."""
     out = np.zeros(n)
-    if not len(values):
-        return out
-    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-    pos = np.arange(len(values)) - np.repeat(starts, np.diff(np.r_[starts, len(values)]))
-    order = np.argsort(pos, kind="stable")
-    bounds = np.searchsorted(pos[order], np.arange(int(pos.max()) + 2))
-    for d in range(len(bounds) - 1):
-        at = order[bounds[d]:bounds[d + 1]]  # each segment's d-th value: no segment twice
-        out[segment[at]] += values[at]
+    np.add.at(out, segment, values)
     return out
 
 
