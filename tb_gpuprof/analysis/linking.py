@@ -134,10 +134,29 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
         kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(len(host_ann), _ANNOTATION),
                                 np.full(len(calls), _LAUNCH)])
         index = np.concatenate([op_idx, np.arange(len(host_ann)), np.array(calls, np.int64)])
-        order = np.lexsort((index, kinds, -durs, starts))
+        order = _sweep_order(starts, durs, kinds, index)
         swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
         yield tuple(c.tolist() for c in swept)
+
+
+def _sweep_order(starts: np.ndarray, durs: np.ndarray, kinds: np.ndarray, index: np.ndarray
+                 ) -> np.ndarray:
+    """``np.lexsort((index, kinds, -durs, starts))``: by start (a stable sort of a few sorted
+    runs, fast), then the events that share a start re-ordered by the other keys (few: a
+    full lexsort of 100k events costs ~30x more)."""
+    if np.isnan(starts).any():  # NaN starts: lexsort's order among them is the other keys'
+        return np.lexsort((index, kinds, -durs, starts))
+    order = np.argsort(starts, kind="stable")
+    ordered = starts[order]
+    tie = np.flatnonzero(ordered[1:] == ordered[:-1])
+    if len(tie):
+        shared = np.zeros(len(order), dtype=bool)
+        shared[tie] = shared[tie + 1] = True  # blocks of equal starts, in start order
+        at = np.flatnonzero(shared)
+        sub = order[at]
+        order[at] = sub[np.lexsort((index[sub], kinds[sub], -durs[sub], starts[sub]))]
+    return order
 
 
 def _drop_closed(starts: np.ndarray, kinds: np.ndarray, index: np.ndarray, ends: np.ndarray,
