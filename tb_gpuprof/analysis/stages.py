@@ -10,7 +10,6 @@ kernel name or per host event, so the split adds no pass over the trace.
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,31 +133,39 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     """Link launches to ops, give each GPU activity to the iteration that launched it (GPU work
     lags the host), then move the windows' bounds to when their GPU work ran (in place)."""
     launches, op_flops = link_launches(profile, is_tc_eligible_op)
-    win_starts = [w.start_us for w in windows]
-
-    def window_of(t: float) -> int | None:
-        i = bisect.bisect_right(win_starts, t) - 1
-        if i >= 0 and t < windows[i].end_us:
-            return i
-        return None
-
+    gpu = profile.gpu
+    correlation = columns.values(gpu, "correlation")
+    contexts = [launches.get(c) if c is not None else None for c in correlation]
+    # Launched before the trace began (e.g. in the profiler's warm-up step): backlog from an
+    # earlier iteration, not work of the one it happens to overlap; left out.
+    backlog = np.fromiter((ctx is None and bool(launches) and bool(c)
+                           for ctx, c in zip(contexts, correlation, strict=True)), bool, len(gpu))
+    starts = columns.floats(gpu, "start_us")
+    launched = np.fromiter((ctx.launch_us if ctx else s for ctx, s in
+                            zip(contexts, starts.tolist(), strict=True)), np.float64, len(gpu))
+    window = _window_of(windows, launched)
+    retry = (window < 0) & np.fromiter((ctx is not None for ctx in contexts), bool, len(gpu))
+    window[retry] = _window_of(windows, starts[retry])  # launched outside every window
+    window[backlog] = -1
     per_window: list[Assigned] = [[] for _ in windows]
-    for a in profile.gpu:
-        ctx = launches.get(a.correlation) if a.correlation is not None else None
-        if ctx is None and launches and a.correlation:
-            # Launched before the trace began (e.g. in the profiler's warm-up step): this is
-            # backlog from an earlier iteration, not work of the one it happens to overlap.
-            continue
-        wi = window_of(ctx.launch_us if ctx else a.start_us)
-        if wi is None and ctx is not None:
-            wi = window_of(a.start_us)
-        if wi is not None:
-            per_window[wi].append((a, ctx))
-
-    assigned = {id(a) for acts in per_window for a, _ in acts}
+    for i, wi in zip(np.flatnonzero(window >= 0).tolist(), window[window >= 0].tolist(),
+                     strict=True):
+        per_window[wi].append((gpu[i], contexts[i]))
     host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
-    align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
+    align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
     return Linked(launches, op_flops, per_window, host_windows)
+
+
+def _window_of(windows: list[IterationWindow], t: np.ndarray) -> np.ndarray:
+    """Per time, the index of the window [start, end) holding it (the last one starting at
+    or before it), -1 for none."""
+    if not windows:
+        return np.full(len(t), -1, np.int64)
+    win_starts = np.array([w.start_us for w in windows], np.float64)
+    win_ends = np.array([w.end_us for w in windows], np.float64)
+    i = np.searchsorted(win_starts, t, "right") - 1
+    inside = (i >= 0) & (t < win_ends[np.maximum(i, 0)])
+    return np.where(inside, i, -1)
 
 
 def align_to_gpu(windows: list[IterationWindow], per_window: list[Assigned],
