@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -312,6 +313,11 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     return replay
 
 
+_ACT, _LAUNCH_US, _KIND = attrgetter("act"), attrgetter("launch_us"), attrgetter("kind")
+_START_US, _DUR_US = attrgetter("start_us"), attrgetter("dur_us")
+_DEVICE, _STREAM = attrgetter("device"), attrgetter("stream")
+
+
 @dataclass(slots=True)
 class _KernelColumns:
     """The kernels' start, duration, launch time (``has_launch`` where there is one) and
@@ -329,15 +335,16 @@ class _KernelColumns:
         """None when a value is not finite or a stream key is not a small int: the loops
         below then decide (their comparisons with NaN are not numpy's)."""
         n = len(kernels)
-        acts = [k.act for k in kernels]
-        launches = [k.launch_us for k in kernels]
+        acts = list(map(_ACT, kernels))  # map/attrgetter: C loops, no bytecode per kernel
+        launches = list(map(_LAUNCH_US, kernels))
+        has_launch = np.array([t is not None for t in launches], bool)
         try:
-            start = np.fromiter((a.start_us for a in acts), np.float64, n)
-            dur = np.fromiter((a.dur_us for a in acts), np.float64, n)
-            launch = np.fromiter((0.0 if t is None else t for t in launches), np.float64, n)
-            device = np.fromiter((a.device for a in acts), np.int64, n)
-            stream = np.fromiter((a.stream for a in acts), np.int64, n)
-        except (TypeError, OverflowError):
+            start = np.fromiter(map(_START_US, acts), np.float64, n)
+            dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
+            launch = np.array([0.0 if t is None else t for t in launches], np.float64)
+            device = np.fromiter(map(_DEVICE, acts), np.int64, n)
+            stream = np.fromiter(map(_STREAM, acts), np.int64, n)
+        except (TypeError, OverflowError, ValueError):
             return None
         if not (np.isfinite(start).all() and np.isfinite(dur).all()
                 and np.isfinite(launch).all()):
@@ -345,8 +352,7 @@ class _KernelColumns:
         if n and (device.min() < 0 or device.max() >= 2**20 or stream.min() < 0
                   or stream.max() >= 2**40):
             return None
-        has_launch = np.fromiter((t is not None for t in launches), bool, n)
-        is_kernel = np.fromiter((a.kind == "kernel" for a in acts), bool, n)
+        is_kernel = np.array([kind == "kernel" for kind in map(_KIND, acts)], bool)
         return cls(start, dur, launch, has_launch, (device << 40) | stream, is_kernel)
 
 
