@@ -23,6 +23,7 @@ pin-memory thread does not count as dispatch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -70,10 +71,10 @@ class HostTimeline:
 
 def _launch_tids(profile: Profile) -> set[int]:
     """Threads that launch GPU work (at least 1% of the launches)."""
-    counts: dict[int, int] = {}
-    for r in profile.runtime:
-        if r.correlation is not None:
-            counts[r.tid] = counts.get(r.tid, 0) + 1
+    rt = profile.runtime
+    counts = Counter(tid for tid, corr in zip(columns.values(rt, "tid"),
+                                              columns.values(rt, "correlation"), strict=True)
+                     if corr is not None)
     total = sum(counts.values())
     return {t for t, n in counts.items() if n >= 0.01 * total}
 
