@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -242,6 +242,46 @@ def _new_kernel_row(a: GpuActivity, cls: KernelClass, precision: str,
     }
 
 
+class _Judged(NamedTuple):
+    """What tally_activities makes of one class of activities (same name, kind, op and
+    launch eligibility): everything but the duration is the same for all of them."""
+
+    cls: KernelClass
+    precision: str
+    eligible: bool
+    row: dict[str, Any]  # the kernel-table row of (kind, name)
+    buckets: tuple[str, ...]  # the totals it adds to, in _add_time's order
+    breakdown: str  # its iteration breakdown key
+    counts_precision: bool  # a kernel outside COMPUTE_EXCLUDED: precision_us counts it
+    is_math: bool  # its time shares its op's FLOPs (kernel_table)
+
+
+def _judge(a: GpuActivity, ctx: LaunchContext | None,
+           kernels: dict[tuple[str, str], dict[str, Any]]) -> _Judged:
+    cls, precision, eligible = kernel_class(a, ctx)
+    row = kernels.get((a.kind, a.name))
+    if row is None:  # made from the first activity of its name, as the table shows it
+        row = kernels[(a.kind, a.name)] = _new_kernel_row(a, cls, precision, eligible)
+    cat = cls.category
+    buckets: tuple[str, ...]
+    if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
+        buckets, breakdown = ("memory",), "memory"
+    elif cat == "communication":
+        buckets, breakdown = ("comm", "other"), "communication"
+    elif cls.uses_tensor_cores:
+        buckets, breakdown = ("tc",), "tc_compute"
+    elif eligible:
+        buckets, breakdown = ("elig",), "non_tc_compute"
+    elif cat == "layout":
+        buckets, breakdown = ("other", "layout"), "layout"
+    else:
+        buckets, breakdown = ("other",), "non_tc_compute"
+    is_math = ((cls.tc_capable or cls.uses_tensor_cores or cat in ("gemm", "conv", "attention"))
+               and not is_math_helper(a.name))
+    return _Judged(cls, precision, eligible, row, buckets, breakdown,
+                   a.kind == KERNEL and cat not in COMPUTE_EXCLUDED, is_math)
+
+
 def tally_activities(per_window: list[Assigned]) -> Tally:
     """Classify every assigned activity once and add it to the kernel table, the Tensor Core
     totals, its iteration's breakdown, the phases and the what-if kernel list."""
@@ -254,10 +294,11 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
     # locals, not attribute lookups, in the one loop over every activity
     totals, kernels, sim_kernels = t.totals, t.kernels, t.sim_kernels
     category_us, precision_us, phase_us = t.category_us, t.precision_us, t.phase_us
+    flop_groups = t.flop_groups
     phase_known = False
-    # kernel_class reads these of an activity and its launch; input type lists are shared
-    # between ops by the reader and live as long as the launches that hold them
-    classes: dict[tuple, tuple[KernelClass, str, bool]] = {}
+    # each class judged once; input type lists are shared between ops by the reader and live
+    # as long as the launches that hold them
+    classes: dict[tuple, _Judged] = {}
     for acts in per_window:
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
@@ -267,42 +308,24 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
                 a.name, a.kind, a.op_type, a.op, ctx.eligible, id(ctx.input_types))
             judged = classes.get(key)
             if judged is None:
-                judged = classes[key] = kernel_class(a, ctx)
-            cls, precision, eligible = judged
+                judged = classes[key] = _judge(a, ctx, kernels)
+            cls = judged.cls
             sim_kernels.append(SimKernel(a, ctx.launch_us if ctx else None, cls.category,
-                                         precision, cls.uses_tensor_cores, eligible))
+                                         judged.precision, cls.uses_tensor_cores,
+                                         judged.eligible))
             dur = a.dur_us
             busy_iv.append((a.start_us, a.start_us + dur))
             cat = cls.category
             category_us[cat] = category_us.get(cat, 0.0) + dur
-            if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
-                totals["memory"] += dur
-                bd["memory"] += dur
-            elif cat == "communication":
-                totals["comm"] += dur
-                totals["other"] += dur
-                bd["communication"] += dur
-            elif cls.uses_tensor_cores:
-                totals["tc"] += dur
-                bd["tc_compute"] += dur
-            elif eligible:
-                totals["elig"] += dur
-                bd["non_tc_compute"] += dur
-            else:
-                totals["other"] += dur
-                if cat == "layout":
-                    totals["layout"] += dur
-                    bd["layout"] += dur
-                else:
-                    bd["non_tc_compute"] += dur
-            if a.kind == KERNEL and cat not in COMPUTE_EXCLUDED:
-                precision_us[precision] = precision_us.get(precision, 0.0) + dur
+            for bucket in judged.buckets:
+                totals[bucket] += dur
+            bd[judged.breakdown] += dur
+            if judged.counts_precision:
+                precision_us[judged.precision] = precision_us.get(judged.precision, 0.0) + dur
             if ctx is not None and ctx.phase is not None:
                 phase_known = True
                 phase_us[ctx.phase] += dur
-            k = kernels.get((a.kind, a.name))
-            if k is None:
-                k = kernels[(a.kind, a.name)] = _new_kernel_row(a, cls, precision, eligible)
+            k = judged.row
             k["count"] += 1
             k["total_us"] += dur
             k["min_us"] = min(k["min_us"], dur)
@@ -316,10 +339,7 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
                 if ctx.source and not k["source"]:
                     k["source"] = ctx.source
                 if ctx.flop_op is not None:
-                    t.flop_groups.setdefault(ctx.flop_op, []).append(
-                        (k, dur, (cls.tc_capable or cls.uses_tensor_cores
-                                  or cat in ("gemm", "conv", "attention"))
-                         and not is_math_helper(a.name)))
+                    flop_groups.setdefault(ctx.flop_op, []).append((k, dur, judged.is_math))
         t.sim_counts.append(len(sim_kernels))
         t.windows.append(WindowTally(bd, Coverage(busy_iv)))
     t.phase_known = phase_known
