@@ -808,17 +808,17 @@ class _ProfileBuilder:
                     stacks.from_call_stack(a.call_stack) if a.call_stack else None,
                     concrete))
             elif kind == _PYTHON:
-                name = ev.name
+                name = intern(ev.name)
                 user = is_user(name)
                 if user is None:
                     user = stacks.learn(name)
                 if user:
-                    frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, intern(name)))
+                    frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, name))
                 tid = thread(ev.tid)
                 py_start(ev.ts)
                 py_dur(ev.dur)
                 py_tid(self._thread(ev.tid) if tid is None else tid)
-                py_name(intern(name))
+                py_name(name)
             elif kind is None:
                 if ev.name == "thread_name" and not ev.cat:  # a "ph": "M" metadata event
                     self._thread_names[f"{ev.pid}/{ev.tid}"] = str(ev.args.name)
