@@ -207,16 +207,20 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
     tallies = {name: _Tally() for name in kernels}
     groups: dict[int, list[tuple[_Tally, float]]] = {}
     no_op = _no_op_reason(profile)
+    # per kernel name: its tally, whether it is a collective, whether its row has FLOPs
+    rows: dict[str, tuple[_Tally, bool, bool]] = {
+        name: (tallies[name], k["category"] == "communication", bool(k["flops"]))
+        for name, k in kernels.items()}
     for acts in per_window:
         for a, ctx in acts:
-            k = kernels.get(a.name) if a.kind == KERNEL else None
-            if k is None:
+            row = rows.get(a.name) if a.kind == KERNEL else None
+            if row is None:
                 continue
-            t = tallies[a.name]
-            if k["category"] == "communication":
+            t, is_comm, has_flops = row
+            if is_comm:
                 t.miss("communication (NCCL) kernel", a.dur_us)
                 continue
-            math = bool(k["flops"]) and ctx is not None and ctx.flop_op is not None
+            math = has_flops and ctx is not None and ctx.flop_op is not None
             op_idx = (ctx.flop_op if math else ctx.launch_op) if ctx is not None else None
             if op_idx is None:
                 t.miss(no_op, a.dur_us)
