@@ -183,3 +183,24 @@ def test_closure_optimizer_forward_and_backward_are_not_optimizer_time():
     launches, _ = link_launches(t.p, lambda name: False)
     phases = [launches[c].phase for c in (1, 2, 3)]
     assert phases == ["forward", "backward", "optimizer"]
+
+
+def test_the_linking_sweep_order_is_the_four_key_lexsort():
+    """The sweep orders events by start, then longest first, kind, index: a stable sort by
+    start with only the events sharing a start re-sorted must be exactly that lexsort (ties,
+    zero durations, NaN starts)."""
+    import numpy as np
+
+    from tb_gpuprof.analysis.linking import _sweep_order
+
+    rng = np.random.default_rng(4)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        starts = np.round(rng.random(n) * rng.choice([5, 50, 1000]), int(rng.integers(0, 3)))
+        durs = np.round(rng.random(n) * 10, 1) * (rng.random(n) > 0.3)
+        kinds = rng.integers(0, 3, n)
+        index = rng.permutation(n)
+        if trial % 10 == 0:
+            starts[0] = np.nan
+        want = np.lexsort((index, kinds, -durs, starts))
+        assert (_sweep_order(starts, durs, kinds, index) == want).all()

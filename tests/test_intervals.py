@@ -120,3 +120,28 @@ def _subtract_loop(a, b):
         if cur < e:
             out.append((cur, e))
     return out
+
+
+def test_columnar_coverage_answers_scalar_queries_like_the_merged_list():
+    """Above 256 intervals a Coverage keeps only numpy columns (no lists of tuples); its
+    scalar queries must give exactly what the merged list gives."""
+    rng = random.Random(13)
+    for _ in range(20):
+        ivs = [(s := rng.randrange(0, 4000) / 2, s + rng.randrange(0, 12) / 2)
+               for _ in range(rng.choice([300, 700]))]
+        cov = Coverage(ivs)
+        merged = merge(ivs)
+        assert cov._iv is None and len(cov) == len(merged)  # the columnar form
+        assert cov.iv == merged and cov.starts == [s for s, _ in merged]
+        assert cov.total() == sum(e - s for s, e in merged)
+        for _ in range(30):
+            a = rng.choice([rng.randrange(-20, 2040) / 2, rng.choice(merged)[0]])
+            b = a + rng.choice([0.0, -1.0, rng.randrange(1, 80) / 2, 5000.0])
+            if 0 < b - a < 50:
+                assert cov.overlap(a, b) == _covered(merged, a, b)
+            assert cov.overlap(a, b) == (length(merged, a, b) if b > a else 0.0)
+            assert cov.clip(a, b) == [(max(s, a), min(e, b)) for s, e in merged
+                                      if s < b and e > a]
+            assert cov.iv_between(a, b) == [(s, e) for s, e in merged if s < b and e > a]
+            want_gaps = subtract([(a, b)], merged) if b > a else []
+            assert cov.gaps(a, b) == want_gaps

@@ -129,3 +129,102 @@ def test_amp_speeds_up_fp32_tensor_core_attention_and_untyped_fp32_fusions():
         SPEEDUPS["memory_half_elementwise"][0]
     # ... and unknown otherwise: no gain claimed
     assert fix_amp(0).kernel_factor(fusion) == 1.0
+
+
+def test_a_fix_judged_per_kernel_class_replays_like_one_judged_per_kernel():
+    """Fix.by_class calls the factor once per kernel class and divides in numpy: the
+    replayed times are exactly those of calling it for every kernel."""
+    import random
+
+    from tb_gpuprof.analysis.savings import fix_channels_last
+
+    rng = random.Random(8)
+    kernels, t = [], 0.0
+    for _ in range(400):
+        t += rng.uniform(0, 6)
+        name = rng.choice(["sgemm_128x64_nn", "max_pool_kernel", "batch_norm_fwd", "nchwToNhwc"])
+        cat = {"s": "gemm", "m": "other", "b": "norm", "n": "layout"}[name[0]]
+        kernels.append(SimKernel(GpuActivity("kernel", name, t, rng.uniform(0.5, 9)),
+                                 t - rng.uniform(0, 30), cat, rng.choice(["fp32", "bf16"]),
+                                 rng.random() < 0.3, rng.random() < 0.7))
+    r = replay(kernels, framework=[(0.0, t / 3)], syncs=[(t / 2, t / 2 + 1.0)])
+    changed = 0
+    for build in (fix_tf32, fix_amp, fix_channels_last, fix_compile):
+        for v in (0, 1, 2):
+            fix = build(v)
+            assert fix.by_class
+            per_kernel = Fix(kernel_factor=fix.kernel_factor, framework_rate=fix.framework_rate)
+            assert r.run(fix, 0.7) == r.run(per_kernel, 0.7)
+            changed += r.run(fix, 0.7) != r.run(Fix(framework_rate=fix.framework_rate), 0.7)
+    assert changed >= 6  # the kernel factors matter to most of these replays
+
+
+def _segments_with_lists(data, sync, framework, copy_calls, start, end, glue_max_us):
+    """build_replay's segments as the interval lists made them (the reference)."""
+    from tb_gpuprof.analysis.intervals import merge, subtract
+
+    whole = [(start, end)]
+    d = data.clip(start, end)
+    sy = subtract(sync.clip(start, end), d)
+    cc = subtract(subtract(copy_calls.clip(start, end), d), sy)
+    fw = subtract(subtract(subtract(framework.clip(start, end), d), sy), cc)
+    segments = [(s, e, "data") for s, e in d] + [(s, e, "sync") for s, e in sy]
+    segments += [(s, e, "copy_call") for s, e in cc] + [(s, e, "framework") for s, e in fw]
+    for s, e in subtract(whole, merge(d + sy + cc + fw)):
+        segments.append((s, e, "framework" if e - s < glue_max_us else "outside"))
+    return sorted(segments)
+
+
+def test_replay_segments_in_columns_equal_the_interval_lists():
+    """build_replay cuts the window in numpy; on random host timelines (small and columnar
+    coverages, touching and overlapping ranges, windows cutting ranges) its segments are
+    exactly the ones interval lists give."""
+    import random
+
+    rng = random.Random(21)
+
+    def cov(n):
+        return Coverage([(s := rng.randrange(0, 8000) / 4, s + rng.randrange(1, 60) / 4)
+                         for _ in range(n)])
+
+    for _ in range(40):
+        covs = [cov(rng.choice([0, 5, 300])) for _ in range(4)]
+        start = rng.randrange(-50, 1000) / 4
+        end = start + rng.choice([0.0, rng.randrange(1, 9000) / 4])
+        r = build_replay([gemm(start, start + 1.0, 2.0)], [], data=covs[0], sync=covs[1],
+                         framework=covs[2], copy_calls=covs[3], start_us=start, end_us=end,
+                         glue_max_us=3.0)
+        got = list(zip(r.segments.start.tolist(), r.segments.end.tolist(),
+                       r.segments.kinds(), strict=True))
+        assert got == _segments_with_lists(*covs, start, end, 3.0)
+
+
+def test_launch_latency_and_queue_gap_in_columns_equal_the_loops():
+    """The replay's launch latency and queue gap are computed in numpy; on random kernels
+    (streams, devices, shared launches as in CUDA graphs, ties, memcpys, no launch) they are
+    exactly what the one-kernel-at-a-time loops give."""
+    import random
+
+    from tb_gpuprof.analysis import whatif
+
+    rng = random.Random(3)
+    seen = set()
+    for _ in range(60):
+        kernels, t = [], 0.0
+        for _ in range(rng.choice([1, 20, 300, 300])):
+            t += rng.choice([0.0, 0.5, rng.uniform(0, 20)])
+            launch = rng.choice([None, t - rng.uniform(0, 80), t - 3.0, t + 1.0])
+            if kernels and rng.random() < 0.2:
+                launch = kernels[-1].launch_us  # a graph: kernels share one launch
+            act = GpuActivity(rng.choice(["kernel", "kernel", "memcpy"]), "k", t,
+                              rng.choice([0.0, rng.uniform(0, 5)]),
+                              device=rng.randrange(2), stream=rng.choice([7, 13, 22]))
+            kernels.append(SimKernel(act, launch, "gemm", "fp32", False, True))
+        rng.shuffle(kernels)
+        assert whatif._launch_latency(kernels) == whatif._launch_latency_loop(kernels)
+        assert whatif._queue_gap(kernels) == whatif._queue_gap_loop(kernels)
+        seen.add((whatif._launch_latency(kernels), whatif._queue_gap(kernels)))
+        # a value numpy orders differently than sorted() (NaN) takes the loops
+        kernels[0].act.start_us = float("nan")
+        assert whatif._KernelColumns.of(kernels) is None
+    assert len({lat for lat, _ in seen}) > 10 and len({gap for _, gap in seen}) > 10

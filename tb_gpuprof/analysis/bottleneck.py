@@ -23,6 +23,7 @@ pin-memory thread does not count as dispatch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -70,10 +71,10 @@ class HostTimeline:
 
 def _launch_tids(profile: Profile) -> set[int]:
     """Threads that launch GPU work (at least 1% of the launches)."""
-    counts: dict[int, int] = {}
-    for r in profile.runtime:
-        if r.correlation is not None:
-            counts[r.tid] = counts.get(r.tid, 0) + 1
+    rt = profile.runtime
+    counts = Counter(tid for tid, corr in zip(columns.values(rt, "tid"),
+                                              columns.values(rt, "correlation"), strict=True)
+                     if corr is not None)
     total = sum(counts.values())
     return {t for t, n in counts.items() if n >= 0.01 * total}
 
@@ -159,16 +160,18 @@ def _clip(cov: Coverage, a: float, b: float) -> Intervals:
 
 def gpu_intervals(profile: Profile, is_comm: Any) -> tuple[Coverage, Coverage, Coverage]:
     """(compute, copies/memsets, collectives) busy time over all devices and streams."""
-    compute, copy, comm = [], [], []
-    for g in profile.gpu:
-        iv = (g.start_us, g.start_us + g.dur_us)
-        if g.kind != KERNEL:
-            copy.append(iv)
-        elif is_comm(g.name):
-            comm.append(iv)
-        else:
-            compute.append(iv)
-    return Coverage(compute), Coverage(copy), Coverage(comm)
+    gpu = profile.gpu
+    n = len(gpu)
+    starts, ends = columns.floats(gpu, "start_us"), columns.ends(gpu)
+    names, kinds = columns.values(gpu, "name"), columns.values(gpu, "kind")
+    is_kernel = np.fromiter((k == KERNEL for k in kinds), bool, n)
+    comm_names = {name: bool(is_comm(name)) for name in  # each kernel name judged once
+                  {name for name, kind in zip(names, kinds, strict=True) if kind == KERNEL}}
+    comm = is_kernel & np.fromiter((comm_names.get(name, False) for name in names), bool, n)
+    compute = is_kernel & ~comm
+    return (Coverage.of_columns(starts[compute], ends[compute]),
+            Coverage.of_columns(starts[~is_kernel], ends[~is_kernel]),
+            Coverage.of_columns(starts[comm], ends[comm]))
 
 
 def iteration_shares(start: float, end: float, gpu: tuple[Coverage, Coverage, Coverage],
@@ -209,7 +212,7 @@ def _charge_gaps(gaps: np.ndarray, host: HostTimeline) -> dict[str, np.ndarray]:
     simple = np.flatnonzero(~involved)
     glue, outside, framework = _framework_pieces(gs[simple], ge[simple], host.framework)
     dispatch = framework + glue
-    if host.sync.iv:
+    if len(host.sync):
         edge = host.sync.overlaps(gs[simple] - SYNC_EDGE_US, gs[simple] + SYNC_EDGE_US) > 0
     else:
         edge = np.zeros(len(simple), dtype=bool)
@@ -270,7 +273,7 @@ def _charge_gap(gs: float, ge: float, host: HostTimeline, out: dict[str, float])
     if data:
         out["data_wait"] += length(data)
     out["host"] += outside
-    if host.sync.iv and host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
+    if len(host.sync) and host.sync.overlap(gs - SYNC_EDGE_US, gs + SYNC_EDGE_US) > 0:
         # The GPU ran dry while the host was blocked: re-filling its queue is the sync's cost.
         out["sync"] += synced + dispatch
     else:

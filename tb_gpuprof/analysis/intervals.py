@@ -72,11 +72,20 @@ def subtract(a: Intervals, b: Intervals) -> Intervals:
 
 
 def _subtract_columns(a: Intervals, b: Intervals) -> Intervals | None:
-    """:func:`subtract` in numpy, for sorted, disjoint ``a`` and ``b`` (else None): what is
-    left of each interval of ``a`` is its overlap with the gaps of ``b``; each piece's ends
-    are picked, as the loop picks them (no arithmetic), so the floats are the same."""
+    """:func:`subtract` in numpy, for sorted, disjoint ``a`` and ``b`` (else None)."""
     a_arr, b_arr = np.array(a, np.float64), np.array(b, np.float64)
-    s, e, bs, be = a_arr[:, 0], a_arr[:, 1], b_arr[:, 0], b_arr[:, 1]
+    cut = subtract_columns(a_arr[:, 0], a_arr[:, 1], b_arr[:, 0], b_arr[:, 1])
+    if cut is None:
+        return None
+    return list(zip(cut[0].tolist(), cut[1].tolist(), strict=True))
+
+
+def subtract_columns(s: np.ndarray, e: np.ndarray, bs: np.ndarray, be: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`subtract` of (starts, ends) columns, for sorted, disjoint [s, e) and [bs, be)
+    (else None): what is left of each interval of ``a`` is its overlap with the gaps of
+    ``b``; each piece's ends are picked, as the loop picks them (no arithmetic), so the
+    floats are the same."""
     if not ((s[1:] >= e[:-1]).all() and (bs[1:] >= be[:-1]).all() and (be >= bs).all()
             and (e >= s).all()):
         return None
@@ -90,7 +99,7 @@ def _subtract_columns(a: Intervals, b: Intervals) -> Intervals | None:
     ps = np.where(gap_s[gap] > ps, gap_s[gap], ps)  # max(cur, b's end), as the loop
     pe = np.where(gap_e[gap] < pe, gap_e[gap], pe)
     keep = pe > ps
-    return list(zip(ps[keep].tolist(), pe[keep].tolist(), strict=True))
+    return ps[keep], pe[keep]
 
 
 def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -> float:
@@ -100,20 +109,12 @@ def length(iv: Intervals, lo: float = float("-inf"), hi: float = float("inf")) -
 
 
 def segment_sums(values: np.ndarray, segment: np.ndarray, n: int) -> np.ndarray:
-    """Per segment (``segment`` ascending, in 0..n-1), the sum of its values added left to
-    right from 0.0: the floats a Python ``total += v`` loop per segment gives (numpy's own
-    reductions add pairwise, so they may differ in the last digit). One vectorized addition
-    per position within a segment, so it suits many short segments."""
+    """Per segment (``segment`` in 0..n-1), the sum of its values added left to right from
+    0.0: the floats a Python ``total += v`` loop per segment gives (numpy's own reductions
+    add pairwise, so they may differ in the last digit). ``np.add.at`` adds unbuffered, one
+    value after the other in index order, so each segment's sum is that loop's."""
     out = np.zeros(n)
-    if not len(values):
-        return out
-    starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
-    pos = np.arange(len(values)) - np.repeat(starts, np.diff(np.r_[starts, len(values)]))
-    order = np.argsort(pos, kind="stable")
-    bounds = np.searchsorted(pos[order], np.arange(int(pos.max()) + 2))
-    for d in range(len(bounds) - 1):
-        at = order[bounds[d]:bounds[d + 1]]  # each segment's d-th value: no segment twice
-        out[segment[at]] += values[at]
+    np.add.at(out, segment, values)
     return out
 
 
@@ -121,16 +122,27 @@ _NUMPY_MIN = 256  # below this many intervals the plain merge is faster than num
 
 
 class Coverage:
-    """Merged intervals with prefix sums: overlap with any [a, b) in O(log n)."""
+    """Merged intervals with prefix sums: overlap with any [a, b) in O(log n).
+
+    Below ``_NUMPY_MIN`` intervals it keeps Python lists (``iv``, ``starts``, ``prefix``: the
+    scalar queries are fastest on those); above, only its numpy columns (a 2 GB trace's
+    coverages hold millions of intervals: as lists of tuples they cost about 150 bytes an
+    interval, as columns 24). The scalar queries then read the columns, converting each value
+    they use back to a Python float, so the arithmetic and the results are the same.
+    """
 
     def __init__(self, intervals: list[tuple[float, float]]) -> None:
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._iv: Intervals | None = None
+        self._starts: list[float] | None = None
+        self._prefix: list[float] | None = None
         if len(intervals) < _NUMPY_MIN:
-            self.iv = merge(intervals)
-            self.starts = [s for s, _ in self.iv]
-            self.prefix = [0.0]
-            for s, e in self.iv:
-                self.prefix.append(self.prefix[-1] + (e - s))
+            self._iv = merge(intervals)
+            self._starts = [s for s, _ in self._iv]
+            prefix = [0.0]
+            for s, e in self._iv:
+                prefix.append(prefix[-1] + (e - s))
+            self._prefix = prefix
             return
         flat = np.fromiter(chain.from_iterable(intervals), np.float64, 2 * len(intervals))
         self._from_arrays(flat[0::2], flat[1::2])
@@ -151,6 +163,7 @@ class Coverage:
     @classmethod
     def of_arrays(cls, starts: np.ndarray, ends: np.ndarray) -> Coverage:
         cov = cls.__new__(cls)
+        cov._iv = cov._starts = cov._prefix = None
         cov._from_arrays(np.asarray(starts, np.float64), np.asarray(ends, np.float64))
         return cov
 
@@ -167,24 +180,67 @@ class Coverage:
         at = np.flatnonzero(first)
         run_starts = starts[at]
         run_ends = reach[np.append(at[1:] - 1, len(starts) - 1)] if len(at) else reach[:0]
-        self.starts = run_starts.tolist()
-        self.iv = list(zip(self.starts, run_ends.tolist(), strict=True))
         # cumsum adds left to right, as the loop above does: the same prefix sums
         prefix = np.concatenate(([0.0], np.cumsum(run_ends - run_starts)))
-        self.prefix = prefix.tolist()
         self._arrays = (run_starts, run_ends, prefix)
+
+    def __len__(self) -> int:
+        """The number of merged intervals."""
+        return len(self._iv) if self._iv is not None else len(self.arrays()[0])
+
+    def total(self) -> float:
+        """The covered time: ``sum(e - s for s, e in iv)`` added left to right."""
+        return self._prefix[-1] if self._prefix is not None else float(self.arrays()[2][-1])
+
+    @property
+    def iv(self) -> Intervals:
+        """The merged intervals as (start, end) tuples (built afresh for a columnar one)."""
+        if self._iv is not None:
+            return self._iv
+        starts, ends, _ = self.arrays()
+        return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+    @property
+    def starts(self) -> list[float]:
+        return self._starts if self._starts is not None else self.arrays()[0].tolist()
+
+    @property
+    def prefix(self) -> list[float]:
+        return self._prefix if self._prefix is not None else self.arrays()[2].tolist()
+
+    def _slice(self, lo: int, hi: int) -> Intervals:
+        """``iv[lo:hi]``, from the columns when there are no lists."""
+        if self._iv is not None:
+            return self._iv[lo:hi]
+        starts, ends, _ = self.arrays()
+        return list(zip(starts[lo:hi].tolist(), ends[lo:hi].tolist(), strict=True))
+
+    def _at(self, i: int) -> tuple[float, float]:
+        if self._iv is not None:
+            return self._iv[i]
+        starts, ends, _ = self.arrays()
+        return float(starts[i]), float(ends[i])
+
+    def _bisect(self, x: float, right: bool, lo: int = 0) -> int:
+        """bisect_right / bisect_left of ``x`` in the starts (from ``lo``), on either form."""
+        if self._starts is not None:
+            find = bisect.bisect_right if right else bisect.bisect_left
+            return find(self._starts, x, lo)
+        at = int(np.searchsorted(self.arrays()[0], x, "right" if right else "left"))
+        return at if at > lo else lo
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(starts, ends, prefix sums) of the merged intervals as numpy columns (made once)."""
         if self._arrays is None:
-            self._arrays = (np.array(self.starts, np.float64),
-                            np.array([e for _, e in self.iv], np.float64),
-                            np.array(self.prefix, np.float64))
+            iv = self._iv or []
+            self._arrays = (np.array([s for s, _ in iv], np.float64),
+                            np.array([e for _, e in iv], np.float64),
+                            np.array(self._prefix or [0.0], np.float64))
         return self._arrays
 
     def overlaps(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """:meth:`overlap` of every [a[i], b[i]) at once, with the same arithmetic."""
-        if not self.iv:
+        if not len(self):
             return np.zeros(len(a))
         starts, ends, prefix = self.arrays()
         lo = np.maximum(np.searchsorted(starts, a, "right") - 1, 0)
@@ -201,7 +257,7 @@ class Coverage:
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`clip` of every [a[i], b[i]) at once: (query index, piece start, piece end),
         the pieces of each query in order, queries in order."""
-        if not self.iv:
+        if not len(self):
             return np.empty(0, np.int64), np.empty(0), np.empty(0)
         starts, ends, _ = self.arrays()
         lo = np.maximum(np.searchsorted(starts, a, "right") - 1, 0)
@@ -217,51 +273,61 @@ class Coverage:
 
     def overlap(self, a: float, b: float) -> float:
         """Covered time inside [a, b): prefix sums, then trim the two boundary intervals."""
-        iv = self.iv
-        if b <= a or not iv:
+        if b <= a or not len(self):
             return 0.0
-        starts = self.starts
-        lo = bisect.bisect_right(starts, a) - 1
+        lo = self._bisect(a, True) - 1
         if lo < 0:
             lo = 0
-        hi = bisect.bisect_left(starts, b, lo)
+        hi = self._bisect(b, False, lo)
         if hi <= lo:
             return 0.0
-        total = self.prefix[hi] - self.prefix[lo]
-        s, e = iv[lo]
+        if self._prefix is not None:
+            total = self._prefix[hi] - self._prefix[lo]
+        else:
+            prefix = self.arrays()[2]
+            total = float(prefix[hi]) - float(prefix[lo])
+        s, e = self._at(lo)
         if a > s:  # the part of the first interval before a
             total -= a - s if a < e else e - s
-        s, e = iv[hi - 1]
+        s, e = self._at(hi - 1)
         if e > b:  # the part of the last interval after b
             total -= e - b if b > s else e - s
         return total if total > 0.0 else 0.0
 
     def clip(self, a: float, b: float) -> Intervals:
         """The merged intervals inside [a, b), cut at a and b."""
-        starts = self.starts
-        if not starts or b <= starts[0]:
+        if not len(self) or b <= self._first_start():
             return []
-        lo = bisect.bisect_right(starts, a) - 1
+        lo = self._bisect(a, True) - 1
         if lo < 0:
             lo = 0
-        hi = bisect.bisect_left(starts, b, lo)
+        hi = self._bisect(b, False, lo)
         if hi - lo == 1:  # the usual case: one interval
-            s, e = self.iv[lo]
+            s, e = self._at(lo)
             return [(s if s > a else a, e if e < b else b)] if e > a else []
-        return [(s if s > a else a, e if e < b else b) for s, e in self.iv[lo:hi] if e > a]
+        if self._iv is not None:
+            return [(s if s > a else a, e if e < b else b) for s, e in self._iv[lo:hi] if e > a]
+        starts, ends, _ = self.arrays()  # the same picks, in numpy
+        ps, pe = starts[lo:hi], ends[lo:hi]
+        ps, pe = ps[pe > a], pe[pe > a]
+        return list(zip(np.where(ps > a, ps, a).tolist(), np.where(pe < b, pe, b).tolist(),
+                        strict=True))
+
+    def _first_start(self) -> float:
+        return self._starts[0] if self._starts is not None else float(self.arrays()[0][0])
 
     def iv_between(self, a: float, b: float) -> Intervals:
         """The merged intervals that overlap [a, b), unclipped."""
-        lo = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        hi = bisect.bisect_left(self.starts, b)
-        return [iv for iv in self.iv[lo:hi] if iv[1] > a]
+        lo = max(self._bisect(a, True) - 1, 0)
+        hi = self._bisect(b, False)
+        return [iv for iv in self._slice(lo, hi) if iv[1] > a]
 
     def gap_columns(self, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`gaps` as (starts, ends) columns. The intervals are disjoint and ascending,
         so the time covered so far before interval k is max(a, end of k - 1), and only the
         first one can end before a (it is then skipped, as in the loop)."""
-        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        j = max(bisect.bisect_left(self.starts, b), i)
+        i = max(self._bisect(a, True) - 1, 0)
+        j = max(self._bisect(b, False), i)
         if j == i:
             return (np.array([a]), np.array([b])) if a < b else (np.empty(0), np.empty(0))
         starts, ends, _ = self.arrays()
@@ -279,10 +345,9 @@ class Coverage:
     def gaps(self, a: float, b: float) -> list[tuple[float, float]]:
         out = []
         cur = a
-        i = max(bisect.bisect_right(self.starts, a) - 1, 0)
-        for s, e in self.iv[i:]:
-            if s >= b:
-                break
+        i = max(self._bisect(a, True) - 1, 0)
+        # intervals from the first starting at or after b on end the loop: never read them
+        for s, e in self._slice(i, max(self._bisect(b, False), i)):
             if e <= cur:
                 continue
             if s > cur:

@@ -75,7 +75,7 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["memory"] = memory_section(profile, linked.host_windows, telemetry)
-    report["roofline"] = roofline_section(report, profile, linked.per_window)
+    report["roofline"] = roofline_section(report, profile, linked.per_window, linked.op_flops)
     report["recommendations"] = recommend(report, topology=topology)
     savings_stage(report, profile, tally, host, sel.windows, unprofiled_ms)
     check_built_report(report)

@@ -17,6 +17,7 @@ time. Pure functions of the report and the profile; imports no framework.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from math import prod
 from typing import Any
 
@@ -193,42 +194,39 @@ def _no_op_reason(profile: Profile) -> str:
 
 
 def kernel_traffic(report: dict[str, Any], profile: Profile,
-                   per_window: list[list[tuple[GpuActivity, LaunchContext | None]]]
-                   ) -> dict[str, _Tally]:
+                   per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
+                   flops_of_ops: Mapping[int, float]) -> dict[str, _Tally]:
     """Bytes (and elementwise FLOPs) per kernel name, from the ops that launched its runs.
 
     An op's traffic is split over the kernels it launched by their time, as its FLOPs are
     (report.py): a GEMM op over its math kernels, an elementwise op over what it launched.
+    ``flops_of_ops``: linking's FLOPs of the ops launches ran under (``Linked.op_flops``:
+    every op that launched a kernel is there when it has FLOPs).
     """
     kernels = {k["name"]: k for k in report["kernels"] if k["kind"] == KERNEL}
     tallies = {name: _Tally() for name in kernels}
     groups: dict[int, list[tuple[_Tally, float]]] = {}
     no_op = _no_op_reason(profile)
-    has_flops: dict[int, bool] = {}
-    flops_by_signature: dict[tuple, bool] = {}
+    # per kernel name: its tally, whether it is a collective, whether its row has FLOPs
+    rows: dict[str, tuple[_Tally, bool, bool]] = {
+        name: (tallies[name], k["category"] == "communication", bool(k["flops"]))
+        for name, k in kernels.items()}
     for acts in per_window:
         for a, ctx in acts:
-            k = kernels.get(a.name) if a.kind == KERNEL else None
-            if k is None:
+            row = rows.get(a.name) if a.kind == KERNEL else None
+            if row is None:
                 continue
-            t = tallies[a.name]
-            if k["category"] == "communication":
+            t, is_comm, has_flops = row
+            if is_comm:
                 t.miss("communication (NCCL) kernel", a.dur_us)
                 continue
-            math = bool(k["flops"]) and ctx is not None and ctx.flop_op is not None
+            math = has_flops and ctx is not None and ctx.flop_op is not None
             op_idx = (ctx.flop_op if math else ctx.launch_op) if ctx is not None else None
             if op_idx is None:
                 t.miss(no_op, a.dur_us)
                 continue
             if not math:
-                if op_idx not in has_flops:
-                    op = profile.cpu_ops[op_idx]
-                    key = _signature(op)
-                    flops_of = flops_by_signature.get(key)
-                    if flops_of is None:
-                        flops_of = flops_by_signature[key] = bool(op_flops(op))
-                    has_flops[op_idx] = flops_of
-                if has_flops[op_idx]:
+                if op_idx in flops_of_ops:
                     # a cast or layout kernel of a GEMM/conv op: the op's traffic is its math
                     # kernels' (as its FLOPs are)
                     t.miss("layout or setup kernel inside a GEMM/conv op (not modelled)",
@@ -328,13 +326,14 @@ def _ceilings(row: GpuPeaks | None, gpu_name: str | None) -> tuple[dict[str, Any
 
 
 def roofline_section(report: dict[str, Any], profile: Profile,
-                     per_window: list[list[tuple[GpuActivity, LaunchContext | None]]]
-                     ) -> dict[str, Any]:
-    """The report's ``roofline`` section; sets ``pct_of_sol`` on every kernel of the report."""
+                     per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
+                     flops_of_ops: Mapping[int, float]) -> dict[str, Any]:
+    """The report's ``roofline`` section; sets ``pct_of_sol`` on every kernel of the report
+    (``flops_of_ops``: ``Linked.op_flops``)."""
     gpu_name = (report.get("system") or {}).get("gpu_name")
     row = gpu_peaks(gpu_name)
     ceilings, source = _ceilings(row, gpu_name)
-    tallies = kernel_traffic(report, profile, per_window)
+    tallies = kernel_traffic(report, profile, per_window, flops_of_ops)
     plotted: list[dict[str, Any]] = []
     left_out: dict[str, list[float]] = {}  # reason -> [kernels, time]
     kernels_total = 0

@@ -37,7 +37,7 @@ def _fp32_simt(k: SimKernel) -> bool:
 def fix_tf32(v: int) -> Fix:
     def factor(k: SimKernel) -> float:
         return _f(f"fp32_to_tf32_{_math_cat(k)}", v) if _fp32_simt(k) else 1.0
-    return Fix(kernel_factor=factor)
+    return Fix(kernel_factor=factor, by_class=True)
 
 
 def fix_amp(v: int, unknown_is_fp32: bool = False) -> Fix:
@@ -58,7 +58,8 @@ def fix_amp(v: int, unknown_is_fp32: bool = False) -> Fix:
         if fp32 and k.category in ("elementwise", "reduction"):
             return _f("memory_half_elementwise", v)
         return 1.0
-    return Fix(kernel_factor=factor, framework_rate=1.0 / _f("amp_dispatch", v))
+    return Fix(kernel_factor=factor, framework_rate=1.0 / _f("amp_dispatch", v),
+               by_class=True)
 
 
 def fix_channels_last(v: int) -> Fix:
@@ -71,13 +72,14 @@ def fix_channels_last(v: int) -> Fix:
         if k.category == "conv" and k.precision in ("fp16", "bf16"):
             return _f("nchw_to_nhwc_half_conv", v)
         return 1.0
-    return Fix(kernel_factor=factor)
+    return Fix(kernel_factor=factor, by_class=True)
 
 
 def fix_compile(v: int) -> Fix:
     def factor(k: SimKernel) -> float:
         return _f("fusion_small_kernels", v) if k.category in MEMORY_BOUND else 1.0
-    return Fix(kernel_factor=factor, framework_rate=1.0 / _f("compile_dispatch", v))
+    return Fix(kernel_factor=factor, framework_rate=1.0 / _f("compile_dispatch", v),
+               by_class=True)
 
 
 def fix_input_pipeline(v: int) -> Fix:

@@ -10,10 +10,9 @@ kernel name or per host event, so the split adds no pass over the trace.
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -134,31 +133,39 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     """Link launches to ops, give each GPU activity to the iteration that launched it (GPU work
     lags the host), then move the windows' bounds to when their GPU work ran (in place)."""
     launches, op_flops = link_launches(profile, is_tc_eligible_op)
-    win_starts = [w.start_us for w in windows]
-
-    def window_of(t: float) -> int | None:
-        i = bisect.bisect_right(win_starts, t) - 1
-        if i >= 0 and t < windows[i].end_us:
-            return i
-        return None
-
+    gpu = profile.gpu
+    correlation = columns.values(gpu, "correlation")
+    contexts = [launches.get(c) if c is not None else None for c in correlation]
+    # Launched before the trace began (e.g. in the profiler's warm-up step): backlog from an
+    # earlier iteration, not work of the one it happens to overlap; left out.
+    backlog = np.fromiter((ctx is None and bool(launches) and bool(c)
+                           for ctx, c in zip(contexts, correlation, strict=True)), bool, len(gpu))
+    starts = columns.floats(gpu, "start_us")
+    launched = np.fromiter((ctx.launch_us if ctx else s for ctx, s in
+                            zip(contexts, starts.tolist(), strict=True)), np.float64, len(gpu))
+    window = _window_of(windows, launched)
+    retry = (window < 0) & np.fromiter((ctx is not None for ctx in contexts), bool, len(gpu))
+    window[retry] = _window_of(windows, starts[retry])  # launched outside every window
+    window[backlog] = -1
     per_window: list[Assigned] = [[] for _ in windows]
-    for a in profile.gpu:
-        ctx = launches.get(a.correlation) if a.correlation is not None else None
-        if ctx is None and launches and a.correlation:
-            # Launched before the trace began (e.g. in the profiler's warm-up step): this is
-            # backlog from an earlier iteration, not work of the one it happens to overlap.
-            continue
-        wi = window_of(ctx.launch_us if ctx else a.start_us)
-        if wi is None and ctx is not None:
-            wi = window_of(a.start_us)
-        if wi is not None:
-            per_window[wi].append((a, ctx))
-
-    assigned = {id(a) for acts in per_window for a, _ in acts}
+    for i, wi in zip(np.flatnonzero(window >= 0).tolist(), window[window >= 0].tolist(),
+                     strict=True):
+        per_window[wi].append((gpu[i], contexts[i]))
     host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
-    align_to_gpu(windows, per_window, [a for a in profile.gpu if id(a) not in assigned])
+    align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
     return Linked(launches, op_flops, per_window, host_windows)
+
+
+def _window_of(windows: list[IterationWindow], t: np.ndarray) -> np.ndarray:
+    """Per time, the index of the window [start, end) holding it (the last one starting at
+    or before it), -1 for none."""
+    if not windows:
+        return np.full(len(t), -1, np.int64)
+    win_starts = np.array([w.start_us for w in windows], np.float64)
+    win_ends = np.array([w.end_us for w in windows], np.float64)
+    i = np.searchsorted(win_starts, t, "right") - 1
+    inside = (i >= 0) & (t < win_ends[np.maximum(i, 0)])
+    return np.where(inside, i, -1)
 
 
 def align_to_gpu(windows: list[IterationWindow], per_window: list[Assigned],
@@ -235,6 +242,46 @@ def _new_kernel_row(a: GpuActivity, cls: KernelClass, precision: str,
     }
 
 
+class _Judged(NamedTuple):
+    """What tally_activities makes of one class of activities (same name, kind, op and
+    launch eligibility): everything but the duration is the same for all of them."""
+
+    cls: KernelClass
+    precision: str
+    eligible: bool
+    row: dict[str, Any]  # the kernel-table row of (kind, name)
+    buckets: tuple[str, ...]  # the totals it adds to, in _add_time's order
+    breakdown: str  # its iteration breakdown key
+    counts_precision: bool  # a kernel outside COMPUTE_EXCLUDED: precision_us counts it
+    is_math: bool  # its time shares its op's FLOPs (kernel_table)
+
+
+def _judge(a: GpuActivity, ctx: LaunchContext | None,
+           kernels: dict[tuple[str, str], dict[str, Any]]) -> _Judged:
+    cls, precision, eligible = kernel_class(a, ctx)
+    row = kernels.get((a.kind, a.name))
+    if row is None:  # made from the first activity of its name, as the table shows it
+        row = kernels[(a.kind, a.name)] = _new_kernel_row(a, cls, precision, eligible)
+    cat = cls.category
+    buckets: tuple[str, ...]
+    if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
+        buckets, breakdown = ("memory",), "memory"
+    elif cat == "communication":
+        buckets, breakdown = ("comm", "other"), "communication"
+    elif cls.uses_tensor_cores:
+        buckets, breakdown = ("tc",), "tc_compute"
+    elif eligible:
+        buckets, breakdown = ("elig",), "non_tc_compute"
+    elif cat == "layout":
+        buckets, breakdown = ("other", "layout"), "layout"
+    else:
+        buckets, breakdown = ("other",), "non_tc_compute"
+    is_math = ((cls.tc_capable or cls.uses_tensor_cores or cat in ("gemm", "conv", "attention"))
+               and not is_math_helper(a.name))
+    return _Judged(cls, precision, eligible, row, buckets, breakdown,
+                   a.kind == KERNEL and cat not in COMPUTE_EXCLUDED, is_math)
+
+
 def tally_activities(per_window: list[Assigned]) -> Tally:
     """Classify every assigned activity once and add it to the kernel table, the Tensor Core
     totals, its iteration's breakdown, the phases and the what-if kernel list."""
@@ -247,10 +294,11 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
     # locals, not attribute lookups, in the one loop over every activity
     totals, kernels, sim_kernels = t.totals, t.kernels, t.sim_kernels
     category_us, precision_us, phase_us = t.category_us, t.precision_us, t.phase_us
+    flop_groups = t.flop_groups
     phase_known = False
-    # kernel_class reads these of an activity and its launch; input type lists are shared
-    # between ops by the reader and live as long as the launches that hold them
-    classes: dict[tuple, tuple[KernelClass, str, bool]] = {}
+    # each class judged once; input type lists are shared between ops by the reader and live
+    # as long as the launches that hold them
+    classes: dict[tuple, _Judged] = {}
     for acts in per_window:
         bd = {"tc_compute": 0.0, "non_tc_compute": 0.0, "memory": 0.0, "communication": 0.0,
               "layout": 0.0}
@@ -260,42 +308,24 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
                 a.name, a.kind, a.op_type, a.op, ctx.eligible, id(ctx.input_types))
             judged = classes.get(key)
             if judged is None:
-                judged = classes[key] = kernel_class(a, ctx)
-            cls, precision, eligible = judged
+                judged = classes[key] = _judge(a, ctx, kernels)
+            cls = judged.cls
             sim_kernels.append(SimKernel(a, ctx.launch_us if ctx else None, cls.category,
-                                         precision, cls.uses_tensor_cores, eligible))
+                                         judged.precision, cls.uses_tensor_cores,
+                                         judged.eligible))
             dur = a.dur_us
             busy_iv.append((a.start_us, a.start_us + dur))
             cat = cls.category
             category_us[cat] = category_us.get(cat, 0.0) + dur
-            if a.kind in (MEMCPY, MEMSET) or cat in ("memcpy", "memset"):
-                totals["memory"] += dur
-                bd["memory"] += dur
-            elif cat == "communication":
-                totals["comm"] += dur
-                totals["other"] += dur
-                bd["communication"] += dur
-            elif cls.uses_tensor_cores:
-                totals["tc"] += dur
-                bd["tc_compute"] += dur
-            elif eligible:
-                totals["elig"] += dur
-                bd["non_tc_compute"] += dur
-            else:
-                totals["other"] += dur
-                if cat == "layout":
-                    totals["layout"] += dur
-                    bd["layout"] += dur
-                else:
-                    bd["non_tc_compute"] += dur
-            if a.kind == KERNEL and cat not in COMPUTE_EXCLUDED:
-                precision_us[precision] = precision_us.get(precision, 0.0) + dur
+            for bucket in judged.buckets:
+                totals[bucket] += dur
+            bd[judged.breakdown] += dur
+            if judged.counts_precision:
+                precision_us[judged.precision] = precision_us.get(judged.precision, 0.0) + dur
             if ctx is not None and ctx.phase is not None:
                 phase_known = True
                 phase_us[ctx.phase] += dur
-            k = kernels.get((a.kind, a.name))
-            if k is None:
-                k = kernels[(a.kind, a.name)] = _new_kernel_row(a, cls, precision, eligible)
+            k = judged.row
             k["count"] += 1
             k["total_us"] += dur
             k["min_us"] = min(k["min_us"], dur)
@@ -309,10 +339,7 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
                 if ctx.source and not k["source"]:
                     k["source"] = ctx.source
                 if ctx.flop_op is not None:
-                    t.flop_groups.setdefault(ctx.flop_op, []).append(
-                        (k, dur, (cls.tc_capable or cls.uses_tensor_cores
-                                  or cat in ("gemm", "conv", "attention"))
-                         and not is_math_helper(a.name)))
+                    flop_groups.setdefault(ctx.flop_op, []).append((k, dur, judged.is_math))
         t.sim_counts.append(len(sim_kernels))
         t.windows.append(WindowTally(bd, Coverage(busy_iv)))
     t.phase_known = phase_known
@@ -365,7 +392,7 @@ def attribute_idle(profile: Profile, windows: list[IterationWindow], tallies: li
     for w, wt in zip(windows, tallies, strict=True):
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
-        busy_all = sum(e - s for s, e in wt.busy.iv)
+        busy_all = wt.busy.total()
         idle = max(w.wall_us - busy_all, 0.0)
         if idle > 0:
             _charge_idle(wt.busy, w, idle, causes, idle_attr)

@@ -18,14 +18,15 @@ The speed-up factors live in one table, :data:`SPEEDUPS` (docs/recommendations.m
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
+from operator import attrgetter
 
 import msgspec
 import numpy as np
 
 from ..model import GpuActivity
-from .intervals import Coverage, Intervals, merge, subtract
+from .intervals import Coverage, subtract, subtract_columns
 
 # Per-kernel-class speed-ups on an H200, as (typical, low, high): the kernel runs `typical`
 # times faster after the fix; low/high bound the estimate's range. Measured by
@@ -82,6 +83,9 @@ class Fix:
     """What a recommendation changes: kernel durations, host segment rates, syncs."""
 
     kernel_factor: Callable[[SimKernel], float] = _no_factor
+    # kernel_factor reads only a kernel's class (its activity's name and kind, its category,
+    # precision, uses_tc, eligible): the replay then calls it once per distinct class
+    by_class: bool = False
     framework_rate: float = 1.0  # host time inside framework ops and their glue
     outside_rate: float = 1.0  # host work outside ops (numpy, tokenisation)
     data_rate: float = 1.0  # data-loader waits
@@ -95,15 +99,15 @@ class Replay:
 
     kernels: list[SimKernel]
     syncs: list[tuple[float, float]]
-    segments: list[tuple[float, float, str]]  # (start, end, kind) covering [start, end)
+    segments: Segments  # covering [start, end)
     start_us: float
     end_us: float
     latency_us: float
-    seg_starts: list[float] = field(default_factory=list)
     host_end_us: float = 0.0  # the host's last activity: op-less time after it is waiting
     gap_us: float = 0.0  # GPU idle between two kernels of a full queue (see _queue_gap)
 
     _table: _EventTable | None = None
+    _columns: _KernelColumns | None = None  # the kernels' columns (None: not all finite)
 
     def run(self, fix: Fix, host_scale: float = 1.0) -> float:
         """Replayed window time (us) under ``fix``; host framework time times ``host_scale``."""
@@ -118,6 +122,10 @@ class Replay:
         factor = fix.kernel_factor
         if factor is _NO_FACTOR:
             durations = table.durations  # x / max(1.0, 1e-6) is x
+        elif fix.by_class:  # the same divisions, in numpy (IEEE: the same quotients)
+            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
+            durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
+                per_class[table.class_index], 1e-6)).tolist()
         else:
             durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
                          for k in table.kernels]
@@ -149,14 +157,25 @@ class Replay:
         return total
 
     def _prepare(self) -> _EventTable:
-        times = [t0 for t0, _ in self.syncs]
-        index = [-1] * len(self.syncs)
-        for i, k in enumerate(self.kernels):
-            times.append(k.launch_us if k.launch_us is not None
-                         else k.act.start_us - self.latency_us)
-            index.append(i)
-        order = sorted(range(len(times)), key=lambda j: (times[j], index[j] >= 0))
-        self._table = _EventTable(self, [times[j] for j in order], [index[j] for j in order])
+        """Syncs and kernel launches in host-time order (a sync before a kernel launched at
+        its time), then the event table."""
+        sync_t = np.array([t0 for t0, _ in self.syncs], np.float64)
+        cols = self._columns
+        if cols is not None:
+            launch_t = np.where(cols.has_launch, cols.launch, cols.start - self.latency_us)
+        else:
+            launch_t = np.array([k.launch_us if k.launch_us is not None
+                                 else k.act.start_us - self.latency_us for k in self.kernels],
+                                np.float64)
+        t = np.concatenate([sync_t, launch_t])
+        index = np.concatenate([np.full(len(sync_t), -1), np.arange(len(launch_t))])
+        if np.isfinite(t).all():
+            order = np.lexsort((index >= 0, t))  # stable, as sorted() is
+            self._table = _EventTable(self, t[order].tolist(), index[order].tolist())
+        else:  # NaN: sorted()'s order, which numpy's is not
+            times, idx = t.tolist(), index.tolist()
+            by = sorted(range(len(times)), key=lambda j: (times[j], idx[j] >= 0))
+            self._table = _EventTable(self, [times[j] for j in by], [idx[j] for j in by])
         return self._table
 
 
@@ -182,11 +201,12 @@ class _EventTable:
             (k.act.device, k.category == "communication"), len(queue_of)) for k in self.kernels]
         self.queues = len(queue_of)
         self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
+        self.duration_column = np.array(self.durations, np.float64)
+        self.is_sync = np.array([k is None for k in self.kernels], bool)
+        self.class_kernels, self.class_index = self._kernel_classes()
         self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
-        segs = replay.segments
-        starts = np.array([s for s, _, _ in segs], dtype=np.float64)
-        ends = np.array([e for _, e, _ in segs], dtype=np.float64)
-        self.kind = np.array([KINDS.index(k) for _, _, k in segs], dtype=np.int64)
+        starts, ends = replay.segments.start, replay.segments.end
+        self.kind = replay.segments.kind
         self.length = ends - starts
         probe = np.array([*times, replay.start_us, replay.host_end_us or replay.end_us])
         seg = np.searchsorted(starts, probe, side="right") - 1
@@ -200,6 +220,24 @@ class _EventTable:
         self.beyond = np.where(self.before, 0.0, np.maximum(probe - ends[safe], 0.0)
                                if len(starts) else 0.0)
 
+    def _kernel_classes(self) -> tuple[list[SimKernel], np.ndarray]:
+        """One kernel standing for each kernel class (Fix.by_class) and each event's class
+        (0 for a sync: its duration is 0.0 under every fix)."""
+        classes: dict[tuple, int] = {}
+        stand_ins: list[SimKernel] = []
+        index_of = []
+        for k in self.kernels:
+            if k is None:
+                index_of.append(0)
+                continue
+            key = (k.act.name, k.act.kind, k.category, k.precision, k.uses_tc, k.eligible)
+            at = classes.get(key)
+            if at is None:
+                at = classes[key] = len(stand_ins)
+                stand_ins.append(k)
+            index_of.append(at)
+        return stand_ins, np.array(index_of, np.int64)
+
     def host_times(self, rates: dict[str, float]) -> tuple[list[float], float, float]:
         """Replayed host time of every event, of the window's start and of the host's end."""
         if not len(self.kind):
@@ -212,47 +250,155 @@ class _EventTable:
         return at[:-2], at[-2], at[-1]
 
 
+@dataclass(slots=True)
+class Segments:
+    """The window's host timeline as columns: [start, end) pieces, ascending, and each
+    piece's kind (an index into KINDS)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    kind: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def kinds(self) -> list[str]:
+        return [KINDS[k] for k in self.kind.tolist()]
+
+
+_Columns = tuple[np.ndarray, np.ndarray]
+
+
+def _minus(a: _Columns, b: _Columns) -> _Columns:
+    """:func:`intervals.subtract` of sorted, disjoint (start, end) columns."""
+    if not len(b[0]):
+        keep = a[0] < a[1]  # as subtract() keeps a's non-empty intervals
+        return a[0][keep], a[1][keep]
+    cut = subtract_columns(a[0], a[1], b[0], b[1])
+    if cut is None:  # not sorted and disjoint: the loop
+        left = subtract(list(zip(a[0].tolist(), a[1].tolist(), strict=True)),
+                        list(zip(b[0].tolist(), b[1].tolist(), strict=True)))
+        return np.array([s for s, _ in left]), np.array([e for _, e in left])
+    return cut
+
+
 def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
                  start_us: float, end_us: float, glue_max_us: float) -> Replay:
-    """Segments of [start, end) by the host's state, in the bottleneck model's precedence."""
-    whole: Intervals = [(start_us, end_us)]
-
-    def clip(cov: Coverage) -> Intervals:
-        return cov.clip(start_us, end_us)
-
-    d = clip(data)
-    sy = subtract(clip(sync), d)
-    cc = subtract(subtract(clip(copy_calls), d), sy)
-    fw = subtract(subtract(subtract(clip(framework), d), sy), cc)
-    segments = [(s, e, "data") for s, e in d] + [(s, e, "sync") for s, e in sy]
-    segments += [(s, e, "copy_call") for s, e in cc] + [(s, e, "framework") for s, e in fw]
-    for s, e in subtract(whole, merge(d + sy + cc + fw)):
-        segments.append((s, e, "framework" if e - s < glue_max_us else "outside"))
-    segments.sort()
+    """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
+    data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
+    work outside ops). In columns: the pieces' ends are picked, never computed."""
+    whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
+    d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
+    sy = _minus(sy, d)
+    cc = _minus(_minus(cc, d), sy)
+    fw = _minus(_minus(_minus(fw, d), sy), cc)
+    taken = Coverage.of_arrays(np.concatenate([d[0], sy[0], cc[0], fw[0]]),
+                               np.concatenate([d[1], sy[1], cc[1], fw[1]])).arrays()
+    rest = _minus(whole, (taken[0], taken[1]))
+    rest_kind = np.where(rest[1] - rest[0] < glue_max_us, KINDS.index("framework"),
+                         KINDS.index("outside"))
+    parts = ((d, "data"), (sy, "sync"), (cc, "copy_call"), (fw, "framework"))
+    start = np.concatenate([p[0] for p, _ in parts] + [rest[0]])
+    end = np.concatenate([p[1] for p, _ in parts] + [rest[1]])
+    kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])
+    order = np.argsort(start, kind="stable")  # the pieces are disjoint: no two share a start
+    segments = Segments(start[order], end[order], kind[order].astype(np.int64))
+    cols = _KernelColumns.of(kernels)
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
-                    _launch_latency(kernels), gap_us=_queue_gap(kernels))
-    replay.seg_starts = [s for s, _, _ in segments]
-    active = [e for _, e, kind in segments if kind != "outside"]
-    replay.host_end_us = max(active) if active else end_us
+                    _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
+    replay._columns = cols
+    active = segments.end[segments.kind != KINDS.index("outside")]
+    replay.host_end_us = float(active.max()) if len(active) else end_us
     return replay
+
+
+_ACT, _LAUNCH_US, _KIND = attrgetter("act"), attrgetter("launch_us"), attrgetter("kind")
+_START_US, _DUR_US = attrgetter("start_us"), attrgetter("dur_us")
+_DEVICE, _STREAM = attrgetter("device"), attrgetter("stream")
+
+
+@dataclass(slots=True)
+class _KernelColumns:
+    """The kernels' start, duration, launch time (``has_launch`` where there is one) and
+    stream (device and stream as one code) as numpy columns, in the kernels' order."""
+
+    start: np.ndarray
+    dur: np.ndarray
+    launch: np.ndarray
+    has_launch: np.ndarray
+    stream: np.ndarray
+    is_kernel: np.ndarray
+
+    @classmethod
+    def of(cls, kernels: Sequence[SimKernel]) -> _KernelColumns | None:
+        """None when a value is not finite or a stream key is not a small int: the loops
+        below then decide (their comparisons with NaN are not numpy's)."""
+        n = len(kernels)
+        acts = list(map(_ACT, kernels))  # map/attrgetter: C loops, no bytecode per kernel
+        launches = list(map(_LAUNCH_US, kernels))
+        has_launch = np.array([t is not None for t in launches], bool)
+        try:
+            start = np.fromiter(map(_START_US, acts), np.float64, n)
+            dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
+            launch = np.array([0.0 if t is None else t for t in launches], np.float64)
+            device = np.fromiter(map(_DEVICE, acts), np.int64, n)
+            stream = np.fromiter(map(_STREAM, acts), np.int64, n)
+        except (TypeError, OverflowError, ValueError):
+            return None
+        if not (np.isfinite(start).all() and np.isfinite(dur).all()
+                and np.isfinite(launch).all()):
+            return None
+        if n and (device.min() < 0 or device.max() >= 2**20 or stream.min() < 0
+                  or stream.max() >= 2**40):
+            return None
+        is_kernel = np.array([kind == "kernel" for kind in map(_KIND, acts)], bool)
+        return cls(start, dur, launch, has_launch, (device << 40) | stream, is_kernel)
+
+
+def _median_latency(gaps: list[float]) -> float:
+    gaps = sorted(g for g in gaps if g >= 0)
+    if not gaps:
+        return 5.0
+    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
+
+
+def _launch_latency(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
+    """Median launch-to-start time of kernels that found their stream idle. Only the first
+    kernel of a launch counts: a CUDA graph's kernels share one launch call. ``cols``: the
+    kernels' columns, when the caller has them."""
+    cols = cols or _KernelColumns.of(kernels)
+    if cols is None:
+        return _launch_latency_loop(kernels)
+    order = np.argsort(cols.start, kind="stable")  # sorted() by start: ties keep their order
+    start, end = cols.start[order], (cols.start + cols.dur)[order]
+    stream, launch, has_launch = cols.stream[order], cols.launch[order], cols.has_launch[order]
+    # what its stream was busy until before each kernel: the running maximum of the ends of
+    # the stream's earlier kernels (-inf before the first)
+    free = np.full(len(start), -np.inf)
+    for code in set(stream.tolist()):
+        at = np.flatnonzero(stream == code)
+        free[at[1:]] = np.maximum.accumulate(end[at])[:-1]
+    first = np.zeros(len(start), dtype=bool)  # the first kernel of each launch time
+    launched = np.flatnonzero(has_launch)
+    by_launch = launched[np.argsort(launch[launched], kind="stable")]
+    values = launch[by_launch]
+    first[by_launch[np.r_[True, values[1:] != values[:-1]]] if len(values) else by_launch] = True
+    counted = first & (start > free + 1.0)
+    return _median_latency((start[counted] - launch[counted]).tolist())
 
 
 def _act_start(k: SimKernel) -> float:
     return k.act.start_us
 
 
-_ACT_START = _act_start
-
-
-def _launch_latency(kernels: Sequence[SimKernel]) -> float:
-    """Median launch-to-start time of kernels that found their stream idle. Only the first
-    kernel of a launch counts: a CUDA graph's kernels share one launch call."""
+def _launch_latency_loop(kernels: Sequence[SimKernel]) -> float:
+    """:func:`_launch_latency` one kernel at a time (for values numpy would order otherwise)."""
     free: dict[tuple[int, int], float] = {}
     gaps = []
     seen: set[float] = set()
     never = float("-inf")
-    for k in sorted(kernels, key=_ACT_START):
+    for k in sorted(kernels, key=_act_start):
         a = k.act
         key = (a.device, a.stream)
         launch = k.launch_us
@@ -265,34 +411,49 @@ def _launch_latency(kernels: Sequence[SimKernel]) -> float:
             free[key] = end
         elif key not in free:
             free[key] = never  # as max(-inf, end) for an end that is not above -inf (NaN)
-    gaps = sorted(g for g in gaps if g >= 0)
-    if not gaps:
-        return 5.0
-    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
+    return _median_latency(gaps)
 
 
-def _queue_gap(kernels: Sequence[SimKernel]) -> float:
+def _median_gap(gaps: list[float]) -> float:
+    if len(gaps) < 16:
+        return 0.0
+    gaps.sort()
+    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
+
+
+def _queue_gap(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
     """Median idle time between consecutive kernels of one stream when the second was
     launched before the first ended (the queue was full, so the host did not cause it).
 
     Even a GPU-bound iteration is not kernels packed end to end: the GPU front end needs
     about a microsecond or more between kernels, so a ResNet-50 step with ~1,600 kernels
     spends about 3 ms between them. A replay without it reads that time as host-bound."""
+    cols = cols or _KernelColumns.of(kernels)
+    if cols is None:
+        return _queue_gap_loop(kernels)
+    at = np.flatnonzero(cols.is_kernel & cols.has_launch)
+    at = at[np.lexsort((cols.start[at], cols.stream[at]))]  # per stream by start, stably
+    start, launch, stream = cols.start[at], cols.launch[at], cols.stream[at]
+    end = start + cols.dur[at]
+    same = stream[1:] == stream[:-1]  # (previous, next) pairs of one stream
+    full = same & (launch[1:] < end[:-1] - MIN_LAUNCH_LATENCY_US)
+    idle = start[1:][full] - end[:-1][full]
+    return _median_gap(np.where(0.0 > idle, 0.0, idle).tolist())  # max(idle, 0.0)
+
+
+def _queue_gap_loop(kernels: Sequence[SimKernel]) -> float:
     by_stream: dict[tuple[int, int], list[SimKernel]] = {}
     for k in kernels:
         if k.act.kind == "kernel" and k.launch_us is not None:
             by_stream.setdefault((k.act.device, k.act.stream), []).append(k)
     gaps: list[float] = []
     for ks in by_stream.values():
-        ks.sort(key=lambda k: k.act.start_us)
+        ks.sort(key=_act_start)
         for prev, nxt in pairwise(ks):
             end = prev.act.start_us + prev.act.dur_us
             if nxt.launch_us is not None and nxt.launch_us < end - MIN_LAUNCH_LATENCY_US:
                 gaps.append(max(nxt.act.start_us - end, 0.0))
-    if len(gaps) < 16:
-        return 0.0
-    gaps.sort()
-    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
+    return _median_gap(gaps)
 
 
 def calibrate(replay: Replay, target_us: float | None) -> float:
@@ -340,4 +501,5 @@ def compose(first: Fix, then: Fix) -> Fix:
                outside_rate=first.outside_rate * then.outside_rate,
                data_rate=first.data_rate * then.data_rate,
                copy_call_rate=first.copy_call_rate * then.copy_call_rate,
-               syncs_wait=first.syncs_wait and then.syncs_wait)
+               syncs_wait=first.syncs_wait and then.syncs_wait,
+               by_class=first.by_class and then.by_class)

@@ -24,7 +24,7 @@ import zlib
 from array import array
 from collections.abc import Iterator
 from operator import attrgetter
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -94,6 +94,40 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
 _NO_ARGS = _Args()
 
 
+class _CompleteArgs(msgspec.Struct, gc=False, frozen=True):
+    """The arguments of a complete ("X") event: _Args without the allocator's and the
+    metadata events' keys (Kineto writes those on "i" and "M" events), so the struct made
+    for every op, kernel and call is 7 slots smaller (decoding 136 MB: about 10% faster)."""
+
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    device: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    registers: int | None = msgspec.field(default=None, name="registers per thread")
+    shared_mem: int | None = msgspec.field(default=None, name="shared memory")
+    blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
+    occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
+    grid: tuple[int, ...] | None = None
+    block: tuple[int, ...] | None = None
+    bytes: int | None = None
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
+    flops: float | None = None
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    # read by the reader's other branches: an "X" event has none of these
+    mem_bytes: ClassVar[None] = None
+    total_allocated: ClassVar[None] = None
+    total_reserved: ClassVar[None] = None
+    addr: ClassVar[None] = None
+    device_type: ClassVar[None] = None
+    device_id: ClassVar[None] = None
+    name: ClassVar[None] = None
+
+
+_NO_COMPLETE_ARGS = _CompleteArgs()
+
+
 class _Event(msgspec.Struct, gc=False):
     # No "ph": the category tells what an event is; flows (s/f) and instants have none we use.
     cat: str = ""
@@ -113,7 +147,7 @@ _UNUSED = "tb_gpuprof: not a key"  # never in a trace: the field keeps its defau
 
 
 class _Complete(_Event, tag_field="ph", tag="X"):
-    pass
+    args: _CompleteArgs = _NO_COMPLETE_ARGS  # type: ignore[assignment]
 
 
 class _Metadata(_Event, tag_field="ph", tag="M"):
@@ -774,17 +808,17 @@ class _ProfileBuilder:
                     stacks.from_call_stack(a.call_stack) if a.call_stack else None,
                     concrete))
             elif kind == _PYTHON:
-                name = ev.name
+                name = intern(ev.name)
                 user = is_user(name)
                 if user is None:
                     user = stacks.learn(name)
                 if user:
-                    frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, intern(name)))
+                    frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, name))
                 tid = thread(ev.tid)
                 py_start(ev.ts)
                 py_dur(ev.dur)
                 py_tid(self._thread(ev.tid) if tid is None else tid)
-                py_name(intern(name))
+                py_name(name)
             elif kind is None:
                 if ev.name == "thread_name" and not ev.cat:  # a "ph": "M" metadata event
                     self._thread_names[f"{ev.pid}/{ev.tid}"] = str(ev.args.name)
