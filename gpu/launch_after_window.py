@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 sys.path.insert(0, os.path.join(HERE, ".."))
+
+from conditions import run_condition  # noqa: E402
+
 CONDS = ("none", "hook", "plain", "plain-teardown")
 
 
@@ -113,15 +115,9 @@ def main() -> None:
         return
     os.makedirs(a.out, exist_ok=True)
     rows = []
+    args = ["--seconds", str(a.seconds), "--out", a.out] + (["--smoke"] if a.smoke else [])
     for c in a.conds.split(","):
-        cmd = [sys.executable, __file__, "--cond", c, "--seconds", str(a.seconds), "--out", a.out]
-        try:
-            p = subprocess.run(cmd + (["--smoke"] if a.smoke else []), capture_output=True,
-                               text=True, timeout=a.timeout)
-            line = (p.stdout.strip().splitlines() or [f"rc={p.returncode} {p.stderr[-300:]}"])
-            row = json.loads(line[-1]) if p.returncode == 0 else {"cond": c, "error": line[-1]}
-        except (subprocess.TimeoutExpired, ValueError) as e:
-            row = {"cond": c, "error": str(e)[:300]}
+        row = run_condition(__file__, c, args, timeout=a.timeout)
         rows.append(row)
         print(json.dumps(row), flush=True)
         with open(os.path.join(a.out, "launch_after_window.json"), "w") as f:

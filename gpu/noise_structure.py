@@ -3,7 +3,7 @@
 An eager HF GPT-2 124M bf16 step (bench_hook_overhead's gpt2 workload), every iteration timed
 on the host (no synchronization inside a block of 10; one at each block's end), for
 ``--seconds`` in one process per condition. Per block it also records the pure-Python probe
-(bench_hook_overhead.cpu_probe_ms), involuntary context switches, the CPU the thread ran on and
+(overhead_stats.cpu_probe_ms), involuntary context switches, the CPU the thread ran on and
 the machine's steal time. Conditions: ``default``; ``cpuN`` (the process bound to CPU N, torch
 threads 1); ``sync`` (a synchronization after every iteration).
 
@@ -18,12 +18,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+
+from conditions import run_condition  # noqa: E402
 
 
 def steal_ticks() -> int:
@@ -39,7 +40,8 @@ def current_cpu() -> int:
 
 def one(cond: str, seconds: float, smoke: bool) -> dict:
     import torch
-    from bench_hook_overhead import cpu_probe_ms, gpt2_step, sync
+    from bench_hook_overhead import gpt2_step, sync
+    from overhead_stats import cpu_probe_ms
 
     if cond.startswith("cpu"):
         os.sched_setaffinity(0, {int(cond[3:])})
@@ -113,24 +115,15 @@ def main() -> None:
         print(json.dumps(one(a.cond, a.seconds, a.smoke)))
         return
     os.makedirs(a.out, exist_ok=True)
+    args = ["--seconds", str(a.seconds), "--out", a.out] + (["--smoke"] if a.smoke else [])
     for c in a.conds.split(","):
-        cmd = [sys.executable, __file__, "--cond", c, "--seconds", str(a.seconds), "--out", a.out]
-        try:
-            out = subprocess.run(cmd + (["--smoke"] if a.smoke else []), capture_output=True,
-                                 text=True, timeout=a.seconds + 120)
-        except subprocess.TimeoutExpired:
-            print(c, "timed out", flush=True)
-            continue
-        line = (out.stdout.strip().splitlines() or [out.stderr[-300:]])[-1]
-        try:
-            r = json.loads(line)
-        except ValueError:
-            print(c, "failed:", line, flush=True)
+        r = run_condition(__file__, c, args, timeout=a.seconds + 120)
+        if "error" in r:
+            print(c, "failed:", r["error"], flush=True)
             continue
         with open(os.path.join(a.out, f"noise_{c}.json"), "w") as f:
             json.dump(r, f)
         print(json.dumps(summary(r)), flush=True)
-
 
 if __name__ == "__main__":
     main()
