@@ -63,7 +63,9 @@ META_KEYS = (
 )
 
 
-class _Args(msgspec.Struct, gc=False, frozen=True):
+class _OpArgs(msgspec.Struct, gc=False, frozen=True):
+    """The arguments ops, kernels, copies and runtime calls carry (both structs below)."""
+
     external_id: int | None = msgspec.field(default=None, name="External id")
     device: int | None = None
     stream: int | None = None
@@ -81,6 +83,9 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
     concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
     flops: float | None = None
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
+
+
+class _Args(_OpArgs, gc=False, frozen=True):
     # allocator events ("[memory]"): only those carry these keys
     mem_bytes: int | None = msgspec.field(default=None, name="Bytes")
     total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
@@ -94,27 +99,11 @@ class _Args(msgspec.Struct, gc=False, frozen=True):
 _NO_ARGS = _Args()
 
 
-class _CompleteArgs(msgspec.Struct, gc=False, frozen=True):
+class _CompleteArgs(_OpArgs, gc=False, frozen=True):
     """The arguments of a complete ("X") event: _Args without the allocator's and the
     metadata events' keys (Kineto writes those on "i" and "M" events), so the struct made
     for every op, kernel and call is 7 slots smaller (decoding 136 MB: about 10% faster)."""
 
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    device: int | None = None
-    stream: int | None = None
-    correlation: int | None = None
-    registers: int | None = msgspec.field(default=None, name="registers per thread")
-    shared_mem: int | None = msgspec.field(default=None, name="shared memory")
-    blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
-    occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
-    grid: tuple[int, ...] | None = None
-    block: tuple[int, ...] | None = None
-    bytes: int | None = None
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
-    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
-    flops: float | None = None
-    call_stack: str | None = msgspec.field(default=None, name="Call stack")
     # read by the reader's other branches: an "X" event has none of these
     mem_bytes: ClassVar[None] = None
     total_allocated: ClassVar[None] = None
