@@ -49,7 +49,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from overhead_stats import Block, Plan, from_recorded  # noqa: E402
+from overhead_stats import (  # noqa: E402
+    Block,
+    Plan,
+    TurnCoordinator,
+    Turns,
+    from_recorded,
+    paired_summary,
+)
 
 HOOKS = ("torch", "lightning", "keras-jax", "keras-torch", "plain-profiler",
          "plain-profiler-teardown")
@@ -73,6 +80,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="a directory for the JSON figures")
     ap.add_argument("--hooks", default=",".join(HOOKS), help="with --all: these hooks")
     ap.add_argument("--timeout", type=float, default=300, help="with --all: per process (s)")
+    ap.add_argument("--paired", action="store_true",
+                    help="with --all: run each hook's process in turn with a control process "
+                         "(bare loop, same framework), block by block, for ratios against "
+                         "blocks timed at the same moment")
+    ap.add_argument("--control", action="store_true",
+                    help="(internal) be the control process of a paired run")
     ap.add_argument("--recorded", default=None,
                     help="print a recorded --out JSON file's rows again (no measurement)")
     args = ap.parse_args(argv)
@@ -172,7 +185,8 @@ def timed(run: Callable[[], None]) -> float:
 
 def new_plan(args: argparse.Namespace, torch_process: bool = True) -> Plan:
     return Plan(args.block, args.groups, args.after, args.windows,
-                torch_launch_probe() if torch_process else None)
+                torch_launch_probe() if torch_process else None, turns=Turns.from_env(),
+                control=args.control)
 
 
 def torch_launch_probe() -> Callable[[], float]:
@@ -202,6 +216,22 @@ def torch_launch_probe() -> Callable[[], float]:
     return probe
 
 
+def process_state() -> dict[str, Any]:
+    """What a hook could leave changed in the process: its threads, the GC, a profile or
+    trace function, torch's profiler flag, TEARDOWN_CUPTI (recorded before the first window
+    and at the end, to tell a leftover from noise)."""
+    import gc
+    import threading
+
+    import torch
+
+    return {"threads": sorted(t.name for t in threading.enumerate()),
+            "gc_enabled": gc.isenabled(), "gc_counts": list(gc.get_count()),
+            "profile_fn": repr(sys.getprofile()), "trace_fn": repr(sys.gettrace()),
+            "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
+            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI")}
+
+
 def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
 
     from tb_gpuprof.torch import GpuProfiler
@@ -221,8 +251,8 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
 
     times: list[tuple[bool, Block]] = []
     for hooked in plan.always_on_order():
+        plan.start_block()  # first: in a paired run, the hook starts in this process's turn
         prof = GpuProfiler(os.path.join(logdir, "always_on")).start() if hooked else None
-        plan.start_block()
         times.append((hooked, plan.end_block(timed(lambda p=prof: block(p)) / n)))
         if prof is not None:
             prof.close()
@@ -231,6 +261,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
     if plain == "teardown":
         os.environ["TEARDOWN_CUPTI"] = "1"  # the reference run's own process only
     analysis, reports = [], []
+    before = process_state()
     while plan.begin_window():
         window = window_torch(logdir, plan.window, model, step, plain)
         while True:
@@ -244,7 +275,8 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
             window.close()
             analysis.append(round(window.analysis_seconds or 0.0, 2))
             reports.append(window.report is not None)
-    return plan.result({"analysis_s": analysis, "report": all(reports) if reports else None})
+    return plan.result({"analysis_s": analysis, "report": all(reports) if reports else None,
+                        "state_before": before, "state_after": process_state()})
 
 
 def window_torch(logdir: str, k: int, model: Any, step: Callable[[], None],
@@ -280,20 +312,25 @@ class BlockClock:
         self.plan, self.n, self.sync = plan, n, sync_fn
         self.i = 0  # batches seen
         self.t0 = 0.0
+        self.running = True  # False once a control process's coordinator ended the run
 
-    def batch_start(self) -> bool:
-        """True at a block's first batch (the clock starts)."""
-        if self.i % self.n:
+    def batch_start(self, prepare: Callable[[], None] | None = None) -> bool:
+        """True at a block's first batch (the clock starts); ``prepare`` runs just before
+        the clock starts (in a paired run: in this process's turn)."""
+        if self.i % self.n or not self.running:
             return False
         self.sync()
-        self.plan.start_block()
+        self.running = self.plan.start_block()
+        if self.running and prepare is not None:
+            prepare()
+            self.sync()
         self.t0 = time.perf_counter()
-        return True
+        return self.running
 
     def batch_end(self) -> Block | None:
         """The finished block at its last batch, else None."""
         self.i += 1
-        if self.i % self.n:
+        if self.i % self.n or not self.running:
             return None
         self.sync()
         return self.plan.end_block((time.perf_counter() - self.t0) * 1e3 / self.n)
@@ -312,10 +349,11 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
     plan = new_plan(args)
     clock = BlockClock(plan, args.block, sync)
     order = [False] * 3 + plan.always_on_order()  # 3 warm-up blocks
-    always_on = GpuProfCallback(tempfile.mkdtemp(prefix="bench_light_on_"))
+    always_on_dir = tempfile.mkdtemp(prefix="bench_light_on_")
     logdir = tempfile.mkdtemp(prefix="bench_light_win_")
     analysis: list[float] = []
     reports: list[bool] = []
+    states: dict[str, Any] = {}
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -337,22 +375,23 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
             self.times: list[tuple[bool, Block]] = []
             self.window: Any = None
             self.busy = False
+            self.always_on: Any = None  # a fresh callback per hooked block, as for torch
 
         def target(self) -> Any:
-            if self.window is not None:
-                return self.window
-            b = clock.i // clock.n
-            return always_on if b < len(order) and order[b] else None
+            return self.window if self.window is not None else self.always_on
 
         def running(self) -> bool:
             prof = self.window.profiler if self.window is not None else None
             return prof is not None and not prof.wait(0)
 
-        def on_train_start(self, trainer: Any, pl: Any) -> None:
-            always_on.on_train_start(trainer, pl)
-
         def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
-            if clock.batch_start():
+            def hook_on() -> None:
+                b = clock.i // clock.n
+                if self.window is None and b < len(order) and order[b]:
+                    self.always_on = GpuProfCallback(always_on_dir)
+                    self.always_on.on_train_start(trainer, pl)
+
+            if clock.batch_start(hook_on):
                 self.busy = self.running()
             cb = self.target()
             if cb is not None:
@@ -367,12 +406,14 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
             if blk is None:
                 return
             if self.window is None:
+                if self.always_on is not None:
+                    self.always_on._close()
+                    self.always_on = None
                 b = clock.i // clock.n - 1
                 if b >= 3:
                     self.times.append((order[b], blk))
                 if b == len(order) - 1:
                     plan.record_always_on(self.times)
-                    always_on._close()
                     self.next_window(trainer, pl)
                 return
             if not plan.record_post(blk, self.busy and self.running()):
@@ -380,6 +421,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
                 self.next_window(trainer, pl)
 
         def next_window(self, trainer: Any, pl: Any) -> None:
+            states.setdefault("state_before", process_state())
             if not plan.begin_window():
                 trainer.should_stop = True
                 return
@@ -401,13 +443,15 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
         def on_train_end(self, trainer: Any, pl: Any) -> None:
             if self.window is not None:
                 self.end_window()
+            states["state_after"] = process_state()
 
     trainer = L.Trainer(max_epochs=1, callbacks=[Harness()], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False,
                         accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1)
     trainer.fit(Module())
-    return plan.result({"analysis_s": analysis, "report": all(reports) if reports else None})
+    return plan.result({"analysis_s": analysis, "report": all(reports) if reports else None,
+                        **states})
 
 
 def keras_model(keras: Any, workload: str, smoke: bool) -> tuple[Any, Any, Any]:
@@ -437,6 +481,19 @@ def keras_model(keras: Any, workload: str, smoke: bool) -> tuple[Any, Any, Any]:
     return model, x, y
 
 
+def same_batch(keras: Any, x: Any, y: Any) -> Any:
+    """One fixed batch, "forever" (the harness stops the fit)."""
+
+    class Same(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return 10**6
+
+        def __getitem__(self, i: int) -> Any:
+            return x, y
+
+    return Same()
+
+
 def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """Keras 3, its own model per workload (keras_model); the harness forwards batches to an
     always-on callback in hooked blocks, then to one fresh window callback per window, whose
@@ -453,7 +510,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     model, x, y = keras_model(keras, args.workload, args.smoke)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
-    always_on = GpuProfCallback(tempfile.mkdtemp(prefix="bench_keras_on_"))
+    always_on_dir = tempfile.mkdtemp(prefix="bench_keras_on_")
     logdir = tempfile.mkdtemp(prefix="bench_keras_win_")
     reports: list[bool] = []
 
@@ -465,19 +522,20 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             self.phase = "always_on"
             self.busy = False
             self.skip = False
+            self.always_on: Any = None  # a fresh callback per hooked block, as for torch
 
         def target(self) -> Any:
-            if self.phase == "always_on":
-                b = clock.i // clock.n
-                return always_on if b < len(order) and order[b] else None
-            return self.window
+            return self.always_on if self.phase == "always_on" else self.window
 
-        def on_train_begin(self, logs: Any = None) -> None:
-            always_on.set_model(self.model)
-            always_on.on_train_begin(logs)
+        def hook_on(self) -> None:
+            b = clock.i // clock.n
+            if self.phase == "always_on" and b < len(order) and order[b]:
+                self.always_on = GpuProfCallback(always_on_dir)
+                self.always_on.set_model(self.model)
+                self.always_on.on_train_begin(None)
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-            if clock.batch_start() and self.window is not None:
+            if clock.batch_start(self.hook_on) and self.window is not None:
                 self.busy = not self.window.wait(0)
                 # blocks holding the window itself are neither during nor after it
                 self.skip = self.window.iteration <= WINDOW[1] + 1
@@ -493,12 +551,14 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             if blk is None:
                 return
             if self.phase == "always_on":
+                if self.always_on is not None:
+                    self.always_on.on_train_end(None)
+                    self.always_on = None
                 b = clock.i // clock.n - 1
                 if b >= 3:
                     self.times.append((order[b], blk))
                 if b == len(order) - 1:
                     plan.record_always_on(self.times)
-                    always_on.on_train_end(None)
                     self.phase = "windows"
                     self.next_window()
                 return
@@ -520,19 +580,56 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             self.window.on_train_begin(None)
             self.skip = True
 
-    class Same(keras.utils.PyDataset):  # one fixed batch, "forever" (the fit stops itself)
-        def __len__(self) -> int:
-            return 10**6
-
-        def __getitem__(self, i: int) -> Any:
-            return x, y
-
-    model.fit(Same(), epochs=1, verbose=0, callbacks=[Harness()])
+    model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Harness()])
     return plan.result({"analysis_s": None, "report": all(reports) if reports else None})
+
+
+def bench_control(args: argparse.Namespace) -> dict[str, Any]:
+    """A paired run's control: the workload's bare loop, in the hook's framework (plain
+    torch for the torch hooks and Lightning, Keras on the same backend for Keras), timing a
+    block whenever it is given a turn, until the treated process has finished."""
+    n = args.block
+    if not args.hook.startswith("keras-"):
+        _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+        for _ in range(3):
+            timed(lambda: [step() for _ in range(n)])
+        plan = new_plan(args)
+        while plan.start_block():
+            plan.end_block(timed(lambda: [step() for _ in range(n)]) / n)
+        return plan.control_result()
+    backend = args.hook.split("-", 1)[1]
+    os.environ["KERAS_BACKEND"] = backend
+    import keras
+
+    plan = new_plan(args, torch_process=backend == "torch")
+    clock = BlockClock(plan, n, sync if backend == "torch" else lambda: None)
+    model, x, y = keras_model(keras, args.workload, args.smoke)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    warm = 3 * n
+
+    class Control(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if batch >= warm:
+                clock.batch_start()
+                if not clock.running:
+                    self.model.stop_training = True
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch >= warm:
+                clock.batch_end()
+
+    model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Control()])
+    return plan.control_result()
 
 
 def run_one(args: argparse.Namespace) -> dict[str, Any]:
     hook = args.hook
+    if args.control:
+        if not args.hook.startswith("keras-"):
+            args.hook = "torch"  # the torch hooks' control is one bare torch loop
+        return {"hook": hook, "workload": args.workload, "control": True,
+                **bench_control(args)}
     if hook == "torch":
         res = bench_torch(args, None)
     elif hook.startswith("plain-profiler"):
@@ -544,39 +641,96 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
     return {"hook": hook, "workload": args.workload, **res}
 
 
+def child_cmd(args: argparse.Namespace, hook: str, workload: str) -> list[str]:
+    cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--hook", hook,
+           "--workload", workload, "--block", str(args.block), "--groups", str(args.groups),
+           "--after", str(args.after), "--windows", str(args.windows), "--json"]
+    return cmd + (["--smoke"] if args.smoke else [])
+
+
+def child_row(proc: subprocess.CompletedProcess[str], hook: str, workload: str,
+              args: argparse.Namespace, tag: str = "") -> dict[str, Any]:
+    """The child's JSON line, or an error row (its stderr saved: faulthandler's stacks)."""
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    try:
+        row = json.loads(last[0]) if proc.returncode == 0 and last else None
+    except ValueError:
+        row = None
+    if row is not None:
+        return row
+    err = (proc.stderr.strip().splitlines() or ["no output"])[-3:]
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"{hook}_{workload}{tag}.stderr"), "w") as f:
+            f.write(str(proc.stderr))
+    return {"hook": hook, "workload": workload,
+            "error": f"rc={proc.returncode}: " + " | ".join(err)[-400:]}
+
+
+def run_single(args: argparse.Namespace, hook: str, workload: str) -> dict[str, Any]:
+    cmd = child_cmd(args, hook, workload)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired as exc:
+        proc = subprocess.CompletedProcess(cmd, "timeout", "",
+                                           str(exc.stderr or "")[-300:] or "timeout")
+    return child_row(proc, hook, workload, args)
+
+
+def run_paired(args: argparse.Namespace, hook: str, workload: str) -> dict[str, Any]:
+    """The hook's process and a control process, given turns block by block."""
+    coord = TurnCoordinator()
+    env = dict(os.environ)
+    if hook == "keras-jax":  # two JAX processes: each may preallocate only part of the GPU
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.4"
+    procs, files = {}, {}
+    for name, extra in (("a", []), ("b", ["--control"])):
+        files[name] = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))
+        turn_env, fds = coord.child_env(name)
+        procs[name] = subprocess.Popen(child_cmd(args, hook, workload) + extra,
+                                       env={**env, **turn_env}, stdout=files[name][0],
+                                       stderr=files[name][1], pass_fds=fds, text=True)
+    coord.started()
+    try:
+        coord.run(args.timeout)
+        status = "ok"
+    except TimeoutError:
+        status = "timeout"
+        for p in procs.values():
+            p.kill()
+    finally:
+        coord.close()
+    out: dict[str, subprocess.CompletedProcess[str]] = {}
+    for name, p in procs.items():
+        try:
+            rc: int | str = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rc = "timeout"
+        rc = "timeout" if status == "timeout" else rc
+        stdout, stderr = files[name]
+        stdout.seek(0)
+        stderr.seek(0)
+        out[name] = subprocess.CompletedProcess([], rc, stdout.read(), stderr.read())
+    row = child_row(out["a"], hook, workload, args)
+    control = child_row(out["b"], hook, workload, args, tag="_control")
+    if "error" in row:
+        return row
+    if "error" in control:
+        row["control_error"] = control["error"]
+        return row
+    row["control_blocks"] = control["control_blocks"]
+    row.update(paired_summary(row, control["control_blocks"]))
+    return row
+
+
 def run_all(args: argparse.Namespace) -> int:
     rows = []
     for workload in args.workloads:
         for hook in args.hooks:
-            cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--hook",
-                   hook, "--workload", workload, "--block", str(args.block), "--groups",
-                   str(args.groups),
-                   "--after", str(args.after), "--windows", str(args.windows), "--json"]
-            if args.smoke:
-                cmd.append("--smoke")
             t0 = time.perf_counter()
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True,
-                                      timeout=args.timeout)
-            except subprocess.TimeoutExpired as exc:
-                proc = subprocess.CompletedProcess(cmd, "timeout", exc.stdout or "",
-                                                   str(exc.stderr or "")[-300:] or "timeout")
-                proc.stdout = proc.stdout if isinstance(proc.stdout, str) else ""
-            took = time.perf_counter() - t0
-            last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
-            try:
-                row = json.loads(last[0]) if proc.returncode == 0 and last else None
-            except ValueError:
-                row = None
-            if row is None:
-                err = (proc.stderr.strip().splitlines() or ["no output"])[-3:]
-                if args.out:  # the whole stderr: faulthandler's stacks on a crash
-                    os.makedirs(args.out, exist_ok=True)
-                    with open(os.path.join(args.out, f"{hook}_{workload}.stderr"), "w") as f:
-                        f.write(str(proc.stderr))
-                row = {"hook": hook, "workload": workload,
-                       "error": f"rc={proc.returncode}: " + " | ".join(err)[-400:]}
-            row["seconds"] = round(took, 1)
+            row = (run_paired if args.paired else run_single)(args, hook, workload)
+            row["seconds"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
             print(format_row(row), flush=True)
             if args.out:  # after every process: a run cut short keeps what it measured
@@ -603,7 +757,23 @@ def format_row(r: dict[str, Any]) -> str:
             f"{g('during_analysis')} | after {g('after_window')} | launch probe during "
             f"{r.get('during_analysis_launch_ratio')} {r.get('during_analysis_launch_ci90')} "
             f"after {r.get('after_window_launch_ratio')} {r.get('after_window_launch_ci90')} "
-            f"| blocks {r['blocks']}, {r.get('seconds', '?')} s")
+            f"| blocks {r['blocks']}, {r.get('seconds', '?')} s" + format_paired(r))
+
+
+def format_paired(r: dict[str, Any]) -> str:
+    if "paired_null_ratio" not in r:
+        return f" | control ERROR {r['control_error']}" if "control_error" in r else ""
+
+    def g(name: str) -> str:
+        x, ci = r.get(f"{name}_paired"), r.get(f"{name}_paired_ci90")
+        txt = "   -  " if x is None else f"{x:6.3f}"
+        if ci:
+            txt += f" [{ci[0]:.3f},{ci[1]:.3f}]"
+        return txt + f" n={r.get(f'{name}_paired_n')}"
+
+    return (f"\n{'':34s} paired with a control process (null {r['paired_null_ratio']} "
+            f"n={r['paired_null_n']}): always-on {g('always_on')} | during "
+            f"{g('during_analysis')} | after {g('after_window')}")
 
 
 def main() -> int:

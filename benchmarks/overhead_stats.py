@@ -12,7 +12,10 @@ blocks of the same host state.
 
 from __future__ import annotations
 
+import bisect
+import os
 import random
+import select
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -105,6 +108,64 @@ def launch_summary(bare: Sequence[Block], during: Sequence[Block],
     return out
 
 
+MAX_TURN_GAP_S = 2.0  # a control block further from the treated block than this: not its neighbour
+
+
+def paired_ratios(blocks: Sequence[Block], times: Sequence[Sequence[float]],
+                  control: Sequence[Sequence[float]]) -> list[float]:
+    """Each treated block over the mean of the two control blocks that ran just before and
+    just after it (``control``: [start, end, *Block] sorted by start), where all three
+    blocks' probes agree on the host state and the neighbours are close in time."""
+    starts = [c[0] for c in control]
+    out = []
+    for b, (t0, t1) in zip(blocks, times, strict=True):
+        i = bisect.bisect_left(starts, t1)
+        if i == 0 or i >= len(control) or t1 <= t0:
+            continue
+        before, after = control[i - 1], control[i]
+        if before[1] > t0 or t0 - before[1] > MAX_TURN_GAP_S or after[0] - t1 > MAX_TURN_GAP_S:
+            continue
+        cb = (before[2], before[3], before[4], before[5])
+        ca = (after[2], after[3], after[4], after[5])
+        if steady(b, cb, ca):
+            out.append(b[0] / ((cb[0] + ca[0]) / 2))
+    return out
+
+
+def paired_summary(row: dict[str, Any], control_blocks: Sequence[Sequence[float]]
+                   ) -> dict[str, Any]:
+    """The ratios against a control process run in turn with this one (--paired).
+
+    A treated block over its control neighbours still carries the two processes' fixed
+    difference (their memory layout, their vCPUs), which the bare blocks of the always-on
+    phase measure (``paired_null``); each ratio is divided by it. So the after-window
+    ratio compares blocks run at the same time, not minutes apart as the in-process one does.
+    """
+    raw, times = row["raw_blocks"], row.get("block_times")
+    if not times or not control_blocks:
+        return {}
+
+    def blocks(xs: Sequence[Sequence[float]]) -> list[Block]:
+        return [(b[0], b[1], b[2], b[3]) for b in xs]
+
+    ctrl = sorted(control_blocks)
+    null = paired_ratios(blocks([b for b, _ in raw["pairs"]]), times["bare"], ctrl)
+    out: dict[str, Any] = {"paired_null_ratio": round(statistics.median(null), 4) if null
+                           else None, "paired_null_n": len(null),
+                           "control_blocks_n": len(ctrl)}
+    for name, xs, t in (("always_on", [h for _, h in raw["pairs"]], times["hooked"]),
+                        ("during_analysis", raw["during"], times["during"]),
+                        ("after_window", raw["after"], times["after"])):
+        r = paired_ratios(blocks(xs), t, ctrl)
+        out[f"{name}_paired_n"] = len(r)
+        out[f"{name}_paired"] = None
+        if r and null:
+            out[f"{name}_paired"] = round(statistics.median(r) / statistics.median(null), 4)
+            out[f"{name}_paired_ci90"] = bootstrap_ci(lambda g, r=r: statistics.median(
+                g.choices(r, k=len(r))) / statistics.median(g.choices(null, k=len(null))))
+    return out
+
+
 def from_recorded(row: dict[str, Any]) -> dict[str, Any]:
     """A recorded row (``--out``'s JSON) summarised again from its ``raw_blocks``."""
     raw = row["raw_blocks"]
@@ -121,15 +182,111 @@ def from_recorded(row: dict[str, Any]) -> dict[str, Any]:
     plan.post = [block(b) for b in raw["after"]]
     keep = {k: row[k] for k in ("hook", "workload", "analysis_s", "report", "seconds")
             if k in row}
-    return plan.result(keep)
+    out = plan.result(keep)
+    if row.get("block_times") and row.get("control_blocks"):
+        out.update(paired_summary(row, row["control_blocks"]))
+    return out
+
+
+TURN_FDS_ENV = "TB_GPUPROF_BENCH_TURN_FDS"  # "<go fd>,<ready fd>": a paired run's child
+
+
+class Turns:
+    """A paired run's child side: one block at a time, in turn with the control process.
+
+    Before each block the child says it is ready (everything since its last block, a window
+    included, is done) and waits for its turn; so the two processes' blocks alternate, never
+    overlap, and each treated block has a control block just before and just after it, in
+    the same seconds of the host's drift (see paired_summary)."""
+
+    def __init__(self, go_fd: int, ready_fd: int) -> None:
+        self.go_fd, self.ready_fd = go_fd, ready_fd
+
+    @classmethod
+    def from_env(cls) -> Turns | None:
+        fds = os.environ.get(TURN_FDS_ENV)
+        if not fds:
+            return None
+        go, ready = (int(x) for x in fds.split(","))
+        return cls(go, ready)
+
+    def wait(self) -> bool:
+        """True when it is this process's turn; False once the coordinator has ended the run."""
+        try:
+            os.write(self.ready_fd, b"r")
+            return os.read(self.go_fd, 1) == b"g"
+        except OSError:
+            return False
+
+
+class TurnCoordinator:
+    """The parent side: gives the treated child (``a``) and the control child (``b``) turns
+    alternately, until the treated one exits; then the control's next wait returns False."""
+
+    def __init__(self) -> None:
+        self.fds: dict[str, tuple[int, int]] = {}  # name -> (our go write end, ready read end)
+        self.child_fds: dict[str, tuple[int, int]] = {}
+
+    def child_env(self, name: str) -> tuple[dict[str, str], tuple[int, int]]:
+        """The environment entry for child ``name`` and the fds it must inherit."""
+        go_r, go_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        self.fds[name] = (go_w, ready_r)
+        self.child_fds[name] = (go_r, ready_w)
+        return {TURN_FDS_ENV: f"{go_r},{ready_w}"}, (go_r, ready_w)
+
+    def started(self) -> None:
+        """After both children started: close their pipe ends here."""
+        for go_r, ready_w in self.child_fds.values():
+            os.close(go_r)
+            os.close(ready_w)
+        self.child_fds.clear()
+
+    def _ready(self, name: str, deadline: float) -> bool:
+        fd = self.fds[name][1]
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise TimeoutError(name)
+        return os.read(fd, 1) == b"r"
+
+    def run(self, timeout: float) -> int:
+        """Alternate turns; the number of turns the treated child had. TimeoutError past
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        alive_a, alive_b = self._ready("a", deadline), self._ready("b", deadline)
+        turns = 0
+        while alive_a:
+            os.write(self.fds["a"][0], b"g")
+            turns += 1
+            alive_a = self._ready("a", deadline)
+            if alive_b:
+                os.write(self.fds["b"][0], b"g")
+                alive_b = self._ready("b", deadline)
+        self.close()
+        return turns
+
+    def close(self) -> None:
+        for go_w, ready_r in self.fds.values():
+            for fd in (go_w, ready_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.fds.clear()
 
 
 class Plan:
     """Blocks to time, the windows, and what came of them."""
 
     def __init__(self, block: int, groups: int, after: int, windows: int,
-                 launch_probe: Callable[[], float] | None = None) -> None:
+                 launch_probe: Callable[[], float] | None = None,
+                 turns: Turns | None = None, control: bool = False) -> None:
         self.launch_probe = launch_probe
+        self.turns, self.control = turns, control
+        # (host clock at the block's start and end, the block): pairs blocks with the
+        # control process's (time.perf_counter is CLOCK_MONOTONIC: one clock for both)
+        self.timeline: list[tuple[float, float, Block]] = []
+        self.t_start = 0.0
         self.block_iterations, self.groups = block, groups
         self.after, self.windows = after, windows
         self.pairs: list[tuple[Block, Block]] = []
@@ -145,12 +302,33 @@ class Plan:
         """hooked? per block, ABBA groups: bare, hooked, hooked, bare."""
         return [False, True, True, False] * self.groups
 
-    def start_block(self) -> None:
+    def start_block(self) -> bool:
+        """Probe the host before a block; in a paired run, wait for this process's turn
+        first. False (control) or SystemExit (treated) once the coordinator ended the run."""
+        if self.turns is not None and not self.turns.wait():
+            if self.control:
+                return False
+            raise SystemExit("bench: the paired run's coordinator ended the run")
         self.launch_before = self.launch_probe() if self.launch_probe is not None else 0.0
         self.probe_before = cpu_probe_ms()
+        self.t_start = time.perf_counter()
+        return True
 
     def end_block(self, ms: float) -> Block:
-        return (ms, self.probe_before, cpu_probe_ms(), self.launch_before)
+        t_end = time.perf_counter()
+        b = (ms, self.probe_before, cpu_probe_ms(), self.launch_before)
+        self.timeline.append((self.t_start, t_end, b))
+        return b
+
+    def block_times(self, blocks: Sequence[Block]) -> list[list[float]]:
+        """[start, end] on the host clock of each of ``blocks`` (timed by this plan)."""
+        when = {id(b): (t0, t1) for t0, t1, b in self.timeline}  # later entries win
+        return [list(when.get(id(b), (0.0, 0.0))) for b in blocks]
+
+    def control_result(self) -> dict[str, Any]:
+        """A control process's blocks: [start, end, ms, probe before, probe after, launch]."""
+        return {"control_blocks": [[t0, t1, *b] for t0, t1, b in self.timeline],
+                "block_iterations": self.block_iterations}
 
     def record_always_on(self, times: list[tuple[bool, Block]]) -> None:
         self.bare = [b for hooked, b in times if not hooked]
@@ -197,4 +375,9 @@ class Plan:
             "blocks": {"pairs": len(self.pairs), "bare": len(self.bare),
                        "during": len(self.during), "after": len(self.post)},
             "raw_blocks": {"pairs": self.pairs, "during": self.during, "after": self.post}}
+        if self.timeline:
+            out["block_times"] = {
+                "bare": self.block_times([b for b, _ in self.pairs]),
+                "hooked": self.block_times([h for _, h in self.pairs]),
+                "during": self.block_times(self.during), "after": self.block_times(self.post)}
         return out

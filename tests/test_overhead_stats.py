@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+import itertools
 import os
 import random
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
 from overhead_stats import (
     Plan,
+    TurnCoordinator,
     from_recorded,
     pair_ratios,
+    paired_summary,
     state_matched_ratios,
     steady,
 )
@@ -65,3 +70,66 @@ def test_a_recorded_row_summarises_as_the_run_did() -> None:
     assert again["always_on_ratio"] == live["always_on_ratio"]
     assert 1.0 < live["always_on_ratio"] < 1.02
     assert again["after_window_n"] == 0  # no bare block of the slow state to compare with
+
+
+def test_a_paired_ratio_cancels_a_drift_the_in_process_one_reports() -> None:
+    # The host slows by 20% over the run; the treated process costs a true 1% after its
+    # window. In-process, the late "after" blocks look 20% slower than the early bare ones;
+    # against a control process timed in turn with it, the 1% is what remains.
+    rng = random.Random(4)
+    treated, control, t = [], [], 0.0
+    for i in range(200):
+        drift = 1.0 + 0.2 * i / 200
+        for who in (control, treated):
+            cost = 1.01 if who is treated and i >= 100 else 1.0
+            b = block(SLOW, drift * cost * (1.03 if who is treated else 1.0), rng)
+            who.append((t, t + 0.15, b))
+            t += 0.16
+    control.append((t, t + 0.15, block(SLOW, 1.2, rng)))
+    plan = Plan(5, 0, 0, 1)
+    plan.pairs = [(b, b) for _, _, b in treated[:100]]
+    plan.bare, plan.post = [b for _, b in plan.pairs], [b for _, _, b in treated[100:]]
+    plan.timeline = treated
+    row = plan.result({})
+    assert row["after_window_ratio"] > 1.1  # the drift
+    control_blocks = [[t0, t1, *b] for t0, t1, b in control]
+    paired = paired_summary(row, control_blocks)
+    assert 1.005 < paired["after_window_paired"] < 1.015
+    assert paired["after_window_paired_n"] == 100
+    assert 1.02 < paired["paired_null_ratio"] < 1.04  # the processes' fixed difference
+    again = from_recorded({**row, "control_blocks": control_blocks})
+    assert again["after_window_paired"] == paired["after_window_paired"]
+
+
+CHILD = """
+import sys, time
+sys.path.insert(0, {bench!r})
+from overhead_stats import Plan, Turns
+plan = Plan(1, 0, 0, 0, turns=Turns.from_env(), control={control})
+n = 0
+while n < {blocks} and plan.start_block():
+    time.sleep(0.02)
+    plan.end_block(20.0)
+    n += 1
+print(repr([(t0, t1) for t0, t1, _ in plan.timeline]))
+"""
+
+
+def test_the_coordinator_alternates_two_real_processes_until_the_treated_one_exits() -> None:
+    bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+    coord = TurnCoordinator()
+    procs = {}
+    for name, control, blocks in (("a", False, 6), ("b", True, 10**6)):
+        env, fds = coord.child_env(name)
+        code = CHILD.format(bench=bench, control=control, blocks=blocks)
+        procs[name] = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env},
+                                       pass_fds=fds, stdout=subprocess.PIPE, text=True)
+    coord.started()
+    assert coord.run(timeout=60) == 6
+    out = {name: p.communicate(timeout=30)[0] for name, p in procs.items()}
+    assert all(p.returncode == 0 for p in procs.values())
+    a, b = (ast.literal_eval(out[k].strip()) for k in ("a", "b"))
+    assert len(a) == 6 and len(b) == 6  # the control stops once the treated process is done
+    merged = sorted([(t0, t1, "a") for t0, t1 in a] + [(t0, t1, "b") for t0, t1 in b])
+    assert [w for _, _, w in merged] == ["a", "b"] * 6  # strictly in turn
+    assert all(x[1] <= y[0] for x, y in itertools.pairwise(merged))  # never overlapping
