@@ -48,7 +48,10 @@ from ..model import (
     RuntimeCall,
 )
 
-BLOCK_BYTES = 8 << 20  # read/decompress granularity; one batch of events is about this big
+# Read/decompress granularity; one batch of events is about this big. Small enough that a
+# batch's decoded structs (about its size again) are still in the CPU cache when the model loop
+# reads them and when they are freed: 1 MB reads 136 MB in about 0.47 CPU s, 8 MB in 0.70.
+BLOCK_BYTES = 1 << 20
 MAX_PENDING_BYTES = 64 << 20  # no event boundary within this much text: not a list of events
 GAP_SEARCH_BYTES = 64 << 10  # first window searched backwards for the last event gap
 MAX_CUT_TRIES = 4  # candidate gaps tried per batch before the tolerant decode
