@@ -25,6 +25,15 @@ switches between a fast and a slow state every few seconds, and the loop's speed
    hooked one: each block during or after the analysis is compared with the median of the
    bare blocks of step 1 in the same host state; the ratio is the median of those.
 
+Every block starts with ``LEAD_IN`` untimed iterations (in both arms): a hook started for one
+block pays its one-time start-up there, as a run pays it once.
+
+``--paired`` also runs, beside each hook's process, a control process (the bare loop in the
+same framework), the two given turns block by block (overhead_stats.TurnCoordinator): each
+treated block is compared with the control blocks just before and after it, i.e. with the
+same seconds of the host's drift, and the ratios are divided by the bare blocks' own ratio
+to the control (the two processes' fixed difference).
+
 Each ratio comes with a 90% bootstrap interval, the count it is the median of, and the raw
 ratio over all blocks (no state matching) for comparison. ``raw_blocks`` keeps every block.
 
@@ -243,8 +252,8 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
         timed(lambda: [step() for _ in range(n)])  # warm-up: allocator, cudnn autotuning
     plan = new_plan(args)
 
-    def block(prof: Any) -> None:
-        for _ in range(n):
+    def block(prof: Any, iterations: int = n) -> None:
+        for _ in range(iterations):
             step()
             if prof is not None:
                 prof.step()
@@ -253,6 +262,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
     for hooked in plan.always_on_order():
         plan.start_block()  # first: in a paired run, the hook starts in this process's turn
         prof = GpuProfiler(os.path.join(logdir, "always_on")).start() if hooked else None
+        block(prof, LEAD_IN)  # untimed, in both arms (BlockClock)
         times.append((hooked, plan.end_block(timed(lambda p=prof: block(p)) / n)))
         if prof is not None:
             prof.close()
@@ -267,6 +277,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
         while True:
             busy = window is not None and not window.wait(0)
             plan.start_block()
+            block(window, LEAD_IN)
             ms = timed(lambda w=window: block(w)) / n
             running = window is not None and not window.wait(0)
             if not plan.record_post(plan.end_block(ms), busy and running):
@@ -304,33 +315,46 @@ def window_torch(logdir: str, k: int, model: Any, step: Callable[[], None],
     return None
 
 
+LEAD_IN = 1  # untimed iterations at a block's start, after its hook (if any) started
+
+
 class BlockClock:
     """The block bookkeeping the Lightning and Keras harnesses share: blocks of ``n``
-    iterations at batch boundaries, timed between two synchronizations."""
+    iterations at batch boundaries, timed between two synchronizations, each after
+    ``LEAD_IN`` untimed batches (in both arms): a hook started for one block pays its
+    one-time start-up (threads, NVML, the first scalars) there, as a run pays it once."""
 
     def __init__(self, plan: Plan, n: int, sync_fn: Callable[[], None]) -> None:
         self.plan, self.n, self.sync = plan, n, sync_fn
+        self.period = n + LEAD_IN
         self.i = 0  # batches seen
+        self.b = 0  # the current block
         self.t0 = 0.0
         self.running = True  # False once a control process's coordinator ended the run
 
     def batch_start(self, prepare: Callable[[], None] | None = None) -> bool:
-        """True at a block's first batch (the clock starts); ``prepare`` runs just before
-        the clock starts (in a paired run: in this process's turn)."""
-        if self.i % self.n or not self.running:
+        """True at a block's first batch; ``prepare`` runs then (in a paired run: in this
+        process's turn). The clock starts after the lead-in."""
+        if not self.running:
             return False
-        self.sync()
-        self.running = self.plan.start_block()
-        if self.running and prepare is not None:
-            prepare()
+        pos = self.i % self.period
+        if pos == 0:
+            self.b = self.i // self.period
             self.sync()
-        self.t0 = time.perf_counter()
-        return self.running
+            self.running = self.plan.start_block()
+            if not self.running:
+                return False
+            if prepare is not None:
+                prepare()
+        if pos == LEAD_IN:
+            self.sync()
+            self.t0 = time.perf_counter()
+        return pos == 0
 
     def batch_end(self) -> Block | None:
         """The finished block at its last batch, else None."""
         self.i += 1
-        if self.i % self.n or not self.running:
+        if self.i % self.period or not self.running:
             return None
         self.sync()
         return self.plan.end_block((time.perf_counter() - self.t0) * 1e3 / self.n)
@@ -386,7 +410,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
 
         def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
             def hook_on() -> None:
-                b = clock.i // clock.n
+                b = clock.b
                 if self.window is None and b < len(order) and order[b]:
                     self.always_on = GpuProfCallback(always_on_dir)
                     self.always_on.on_train_start(trainer, pl)
@@ -409,7 +433,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
                 if self.always_on is not None:
                     self.always_on._close()
                     self.always_on = None
-                b = clock.i // clock.n - 1
+                b = clock.b
                 if b >= 3:
                     self.times.append((order[b], blk))
                 if b == len(order) - 1:
@@ -528,7 +552,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             return self.always_on if self.phase == "always_on" else self.window
 
         def hook_on(self) -> None:
-            b = clock.i // clock.n
+            b = clock.b
             if self.phase == "always_on" and b < len(order) and order[b]:
                 self.always_on = GpuProfCallback(always_on_dir)
                 self.always_on.set_model(self.model)
@@ -554,7 +578,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
                 if self.always_on is not None:
                     self.always_on.on_train_end(None)
                     self.always_on = None
-                b = clock.i // clock.n - 1
+                b = clock.b
                 if b >= 3:
                     self.times.append((order[b], blk))
                 if b == len(order) - 1:
@@ -595,6 +619,8 @@ def bench_control(args: argparse.Namespace) -> dict[str, Any]:
             timed(lambda: [step() for _ in range(n)])
         plan = new_plan(args)
         while plan.start_block():
+            for _ in range(LEAD_IN):
+                step()
             plan.end_block(timed(lambda: [step() for _ in range(n)]) / n)
         return plan.control_result()
     backend = args.hook.split("-", 1)[1]

@@ -584,7 +584,9 @@ class _TorchWindow(_Window):
     def raw_trace(self) -> str:
         path = os.path.join(self.tmp, "window.pt.trace.json")
         self.prof.export_chrome_trace(path)
-        self.prof = None  # its events are in the file now
+        # its events are in the file now: free them here, not at a later GC in training
+        _torch_env.release_profiler(self.prof)
+        self.prof = None
         return path
 
     def stored_name(self) -> str:

@@ -539,7 +539,8 @@ class GpuProfiler(HookCore):
             name = f"window_{self.iter_start}_{step + 1}.pt.trace.json"
             raw = os.path.join(tmp, name)
             prof.export_chrome_trace(raw)
-            del prof  # the profiler's events are in the file now; free them
+            _torch_env.release_profiler(prof)  # here, not at a later GC in the training thread
+            del prof
             env["unprofiled"] = self._unprofiled(self._not_unprofiled, self._window_opens_at(),
                                                  lambda: self._closed)
             self._analyze_in_child(

@@ -7,6 +7,7 @@ the runs it wrote with the store reader and the CLI, like a user would.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import io
 import json
@@ -61,7 +62,10 @@ def _child(backend: str, out: str) -> None:
                              if issubclass(w.category, GpuProfWarning)]}
 
     res: dict = {"backend": keras.backend.backend()}
+    gc.disable()  # this child's own GC: what the window leaves unfreed stays visible
     res["fp32"] = fit("fp32", model(), {"iter_start": 2, "iter_stop": 7})
+    res["live_profiler_results"] = _live_torch_profiler_results()
+    gc.enable()
     # mixed precision, 3 steps per execution (torch allows only 1), a window in epoch 2
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     res["spe"] = spe = 1 if backend == "torch" else 3
@@ -89,6 +93,16 @@ def _child(backend: str, out: str) -> None:
             prof, env=res[case]["env"])["recommendations"]] for case in ("fp32", "mixed_spe3")}
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump(res, f)
+
+
+def _live_torch_profiler_results() -> int | None:
+    """torch.profiler results still in memory (collected or not); None without torch."""
+    if "torch" not in sys.modules:
+        return None
+    from torch.autograd.profiler import profile
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, profile)
+               and getattr(o, "kineto_results", None) is not None)
 
 
 def _start_outside_profiler(backend: str, logdir: str):
@@ -241,6 +255,8 @@ def test_torch_fit_window_report(torch_run):
     assert res["fp32"]["async"] is True
     assert not res["tensorflow_imported"]
     assert res["fp32"]["trace_path"].endswith(".pt.trace.json.gz")
+    # freed by the analysis, not left to a full collection in the training thread
+    assert res["live_profiler_results"] == 0
 
 
 def test_torch_steps_per_execution_and_mixed_precision(torch_run):

@@ -595,3 +595,29 @@ def test_window_keeps_teardown_set_until_it_is_due_then_restores(tmp_path, monke
             prof.step()
         assert os.environ.get("TEARDOWN_CUPTI") == "1"
     assert "TEARDOWN_CUPTI" not in os.environ  # close released it
+
+
+def test_the_windows_profiler_results_are_freed_by_the_analysis_not_left_to_the_gc(tmp_path):
+    # torch.profiler.profile objects live in reference cycles: dropped, their (large) C++
+    # results wait for a full collection, which then runs their destructor, GIL held, in
+    # whichever thread triggers it; usually the training thread, at a random later step.
+    import gc
+
+    from torch.autograd.profiler import profile as autograd_profile
+
+    def live_results() -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, autograd_profile)
+                   and getattr(o, "kineto_results", None) is not None)
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()  # so only what the hook frees itself is freed (the test's own process)
+    try:
+        with GpuProfiler(str(tmp_path / "free"), iter_start=2, iter_stop=4) as prof:
+            train(prof, tiny_cnn(), batches(8))
+            assert prof.wait(120)
+            assert prof.report is not None
+            assert live_results() == 0
+    finally:
+        if was_enabled:
+            gc.enable()
