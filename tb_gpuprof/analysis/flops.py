@@ -181,3 +181,11 @@ def op_flops(op: CpuOp) -> float | None:
     except (TypeError, IndexError):
         return None
     return None
+
+
+# The op names op_flops counts from shapes (keep in step with its branches): an op of any
+# other name has FLOPs only when the trace recorded them (``op.flops``). Linking uses this to
+# skip the call for the many ops that can have none.
+SHAPE_COUNTED_OPS: frozenset[str] = frozenset(
+    {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear",
+     "aten::convolution_backward", "aten::_scaled_mm", *_CONV_ARGS, *_ATTENTION})

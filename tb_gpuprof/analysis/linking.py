@@ -9,15 +9,16 @@ containment search, so million-event traces stay fast.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from ..model import OPTIMIZER, Annotation, CpuOp, Profile
+from ..model import OPTIMIZER, Annotation, CpuOp, Profile, RuntimeCall
 from . import columns
-from .flops import op_flops
+from .flops import SHAPE_COUNTED_OPS, op_flops
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -119,25 +120,36 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
     ann_dur = np.array([a.dur_us for a in host_ann], np.float64)
     rt = profile.runtime
     rt_start = columns.floats(rt, "start_us")
-    launches: dict[Any, list[int]] = {}
-    for i, (corr, tid) in enumerate(zip(columns.values(rt, "correlation"),
-                                        columns.values(rt, "tid"), strict=True)):
-        if corr is not None:
-            launches.setdefault(tid, []).append(i)
     # Annotations carry no tid in the model: put them on every thread that launches work.
-    for tid, calls in launches.items():
+    for tid, calls in _launches_by_thread(rt).items():
         op_idx = (np.flatnonzero(op_tid == codes[tid]) if tid in codes
                   else np.empty(0, np.int64))
-        call_start = rt_start[np.array(calls, np.int64)]
+        call_start = rt_start[calls]
         starts = np.concatenate([op_start[op_idx], ann_start, call_start])
         durs = np.concatenate([op_dur[op_idx], ann_dur, np.zeros(len(calls))])
         kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(len(host_ann), _ANNOTATION),
                                 np.full(len(calls), _LAUNCH)])
-        index = np.concatenate([op_idx, np.arange(len(host_ann)), np.array(calls, np.int64)])
+        index = np.concatenate([op_idx, np.arange(len(host_ann)), calls])
         order = _sweep_order(starts, durs, kinds, index)
         swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
         yield tuple(c.tolist() for c in swept)
+
+
+def _launches_by_thread(rt: list[RuntimeCall]) -> dict[Any, np.ndarray]:
+    """The correlated runtime calls (their indices, ascending) of each thread, threads in
+    the order of their first such call."""
+    correlated = np.flatnonzero(np.fromiter(
+        map(is_not, columns.values(rt, "correlation"), repeat(None)), bool, len(rt)))
+    tids = columns.values(rt, "tid")
+    if not all(type(t) is int and abs(t) < 2**62 for t in set(tids)):  # any hashable: a dict
+        launches: dict[Any, list[int]] = {}
+        for i in correlated.tolist():
+            launches.setdefault(tids[i], []).append(i)
+        return {t: np.array(calls, np.int64) for t, calls in launches.items()}
+    tid = np.array(tids, np.int64)[correlated]
+    distinct, first = np.unique(tid, return_index=True)
+    return {int(t): correlated[tid == t] for t in distinct[np.argsort(first)].tolist()}
 
 
 def _sweep_order(starts: np.ndarray, durs: np.ndarray, kinds: np.ndarray, index: np.ndarray
@@ -210,7 +222,9 @@ class _StackFold:
         op = self.ops[j]
         name = op.name
         is_backward, is_elig, shown = self.names.get(name) or self._name(name)
-        flops = self.flops[j] = op_flops(op)
+        # op_flops counts FLOPs from shapes only for a few op names: skip the call for the rest
+        flops = self.flops[j] = (op_flops(op) if op.flops or name in SHAPE_COUNTED_OPS
+                                 else None)
         if flops:
             flop_op = j  # the innermost op with FLOPs wins
         if shown:
