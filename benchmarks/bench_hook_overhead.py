@@ -39,6 +39,7 @@ ratio over all blocks (no state matching) for comparison. ``raw_blocks`` keeps e
 
     python3 benchmarks/bench_hook_overhead.py --all --workload gpt2 --out $OUT/gpt2     # GPU
     python3 benchmarks/bench_hook_overhead.py --all --workload resnet50 --out $OUT/rn50
+    python3 benchmarks/bench_hook_overhead.py --all --paired --workload gpt2 --out $OUT/p
     python3 benchmarks/bench_hook_overhead.py --all --smoke              # CPU smoke test
 """
 

@@ -117,7 +117,7 @@ def paired_ratios(blocks: Sequence[Block], times: Sequence[Sequence[float]],
     just after it (``control``: [start, end, *Block] sorted by start), where the neighbours
     are close in time; ``matched``: only where all three blocks' probes agree on the host
     state. Not by default: the two processes run on vCPUs of their own, whose states
-    differ (on the H200 guest only a quarter of the triples agreed), while the drift that
+    differ (on the H200 guest a quarter to a third of the triples agreed), while the drift that
     pairing cancels (up to 1.7x over a minute, GPT-2 at one probe speed) is the host's."""
     starts = [c[0] for c in control]
     out = []
