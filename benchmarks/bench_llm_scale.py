@@ -120,26 +120,36 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
 
 
-def kineto_section(tmp: str, size_mb: float, baseline: bool) -> None:
+def kineto_section(tmp: str, size_mb: float, baseline: bool, repeat: int = 5) -> None:
+    """Both layouts, ``repeat`` fresh processes each, alternating layouts (this machine's
+    speed swings by up to 2x within minutes, so one run says little): min and median."""
     from bench_parse import build_trace
 
+    traces = {}
     for layout in ("kineto", "line"):
         path = os.path.join(tmp, f"{layout}.json")
-        size, events = build_trace(KINETO, path, size_mb, layout)
-        ours = measure("ours", path)
-        rate = size / 1e6 / ours["s"]
-        print(f"Kineto {layout:6} {size / 1e6:6.0f} MB {events:>9,} events | ours: read "
-              f"{ours['read_s']:.2f} s, end to end {ours['s']:.2f} s = {rate:.0f} MB/s "
-              f"(goal >= 100; CPU {ours['read_cpu_s']:.2f} / {ours['cpu_s']:.2f} s = "
-              f"{size / 1e6 / ours['cpu_s']:.0f} MB/s), peak {ours['peak_mb']:.0f} MB "
-              f"(read {ours['read_peak_mb']:.0f}; "
-              f"read growth / file {(ours['read_peak_mb'] - ours['base_mb']) * 2**20 / size:.2f},"
-              f" goal <= 0.5)  [{load()}]")
+        traces[layout] = (path, *build_trace(KINETO, path, size_mb, layout))
+    runs: dict[str, list[dict]] = {layout: [] for layout in traces}
+    for _ in range(max(repeat, 1)):
+        for layout, (path, _, _) in traces.items():
+            runs[layout].append(measure("ours", path))
+    for layout, (path, size, events) in traces.items():
+        rs = sorted(runs[layout], key=lambda r: r["cpu_s"])
+        ours, mid = rs[0], rs[len(rs) // 2]
+        mb = size / 1e6
+        print(f"Kineto {layout:6} {mb:6.0f} MB {events:>9,} events | ours, {len(rs)} runs, CPU s "
+              f"end to end: min {ours['cpu_s']:.2f} = {mb / ours['cpu_s']:.0f} MB/s, median "
+              f"{mid['cpu_s']:.2f} = {mb / mid['cpu_s']:.0f} MB/s, max {rs[-1]['cpu_s']:.2f} "
+              f"(goal >= 100 MB/s); fastest run: read {ours['read_s']:.2f} s, wall "
+              f"{ours['s']:.2f} s, peak {ours['peak_mb']:.0f} MB (read {ours['read_peak_mb']:.0f};"
+              f" read growth / file "
+              f"{(ours['read_peak_mb'] - ours['base_mb']) * 2**20 / size:.2f}, goal <= 0.5)  "
+              f"[{load()}]")
         if baseline:
             theirs = measure("ttp", path)
             print(f"  torch-tb-profiler 0.4.3: {theirs['s']:.2f} s, peak {theirs['peak_mb']:.0f} "
-                  f"MB -> ours {theirs['s'] / ours['s']:.1f}x faster, "
-                  f"1/{theirs['peak_mb'] / ours['peak_mb']:.1f} of its memory  [{load()}]")
+                  f"MB -> ours (median run) {theirs['s'] / mid['s']:.1f}x faster, "
+                  f"1/{theirs['peak_mb'] / mid['peak_mb']:.1f} of its memory  [{load()}]")
         os.unlink(path)
 
 
@@ -217,6 +227,8 @@ def main() -> int:
     ap.add_argument("--rank-mb", type=float, default=30.0)
     ap.add_argument("--skip-baselines", action="store_true",
                     help="tb_gpuprof only (torch-tb-profiler / xprof not installed)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="fresh processes per Kineto layout (min and median are printed)")
     ap.add_argument("--tmp", default=None, help="where to write the traces (default: a temp dir)")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -227,7 +239,7 @@ def main() -> int:
     try:
         print(f"start: {load()}")
         if args.size_mb > 0:
-            kineto_section(tmp, args.size_mb, not args.skip_baselines)
+            kineto_section(tmp, args.size_mb, not args.skip_baselines, args.repeat)
         if args.big_mb > 0:
             big_section(tmp, args.big_mb)
         if args.xplane_mb > 0:
