@@ -767,18 +767,21 @@ def run_all(args: argparse.Namespace) -> int:
     return 0
 
 
+def format_ratio(x: float | None, ci: list[float] | None, n: int | None) -> str:
+    txt = "   -  " if x is None else f"{x:6.3f}"
+    if ci:
+        txt += f" [{ci[0]:.3f},{ci[1]:.3f}]"
+    return txt + f" n={n}"
+
+
 def format_row(r: dict[str, Any]) -> str:
     head = f"{r['workload']:9s} {r['hook']:24s}"
     if "error" in r:
         return f"{head} ERROR {r['error']}"
 
     def g(name: str) -> str:
-        x, ci = r.get(f"{name}_ratio"), r.get(f"{name}_ci90")
-        raw = r.get(f"{name}_ratio_raw")
-        txt = "   -  " if x is None else f"{x:6.3f}"
-        if ci:
-            txt += f" [{ci[0]:.3f},{ci[1]:.3f}]"
-        return txt + f" n={r.get(f'{name}_n')} (raw {raw})"
+        return (format_ratio(r.get(f"{name}_ratio"), r.get(f"{name}_ci90"), r.get(f"{name}_n"))
+                + f" (raw {r.get(f'{name}_ratio_raw')})")
 
     return (f"{head} bare {r['bare_ms']:8.3f} ms | always-on {g('always_on')} | during "
             f"{g('during_analysis')} | after {g('after_window')} | launch probe during "
@@ -792,11 +795,8 @@ def format_paired(r: dict[str, Any]) -> str:
         return f" | control ERROR {r['control_error']}" if "control_error" in r else ""
 
     def g(name: str) -> str:
-        x, ci = r.get(f"{name}_paired"), r.get(f"{name}_paired_ci90")
-        txt = "   -  " if x is None else f"{x:6.3f}"
-        if ci:
-            txt += f" [{ci[0]:.3f},{ci[1]:.3f}]"
-        return txt + f" n={r.get(f'{name}_paired_n')}"
+        return format_ratio(r.get(f"{name}_paired"), r.get(f"{name}_paired_ci90"),
+                            r.get(f"{name}_paired_n"))
 
     return (f"\n{'':34s} paired with a control process (null {r['paired_null_ratio']} "
             f"n={r['paired_null_n']}): always-on {g('always_on')} | during "
