@@ -718,11 +718,11 @@ def run_paired(args: argparse.Namespace, hook: str, workload: str) -> dict[str, 
                                        env={**env, **turn_env}, stdout=files[name][0],
                                        stderr=files[name][1], pass_fds=fds, text=True)
     coord.started()
+    timed_out = False
     try:
         coord.run(args.timeout)
-        status = "ok"
     except TimeoutError:
-        status = "timeout"
+        timed_out = True
         for p in procs.values():
             p.kill()
     finally:
@@ -730,15 +730,15 @@ def run_paired(args: argparse.Namespace, hook: str, workload: str) -> dict[str, 
     out: dict[str, subprocess.CompletedProcess[str]] = {}
     for name, p in procs.items():
         try:
-            rc: int | str = p.wait(timeout=60)
+            rc: int | str = "timeout" if timed_out else p.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            p.kill()
             rc = "timeout"
-        rc = "timeout" if status == "timeout" else rc
-        stdout, stderr = files[name]
-        stdout.seek(0)
-        stderr.seek(0)
-        out[name] = subprocess.CompletedProcess([], rc, stdout.read(), stderr.read())
+        p.kill()  # a no-op once it has exited
+        p.wait()
+        with files[name][0] as stdout, files[name][1] as stderr:
+            stdout.seek(0)
+            stderr.seek(0)
+            out[name] = subprocess.CompletedProcess([], rc, stdout.read(), stderr.read())
     row = child_row(out["a"], hook, workload, args)
     control = child_row(out["b"], hook, workload, args, tag="_control")
     if "error" in row:

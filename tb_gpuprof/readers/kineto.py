@@ -198,8 +198,8 @@ _CATEGORY = {
     "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
     "user_annotation": _ANNOT, "gpu_user_annotation": _GPU_ANNOT,
     "cpu_instant_event": _INSTANT,  # "[memory]" allocator events, "[OutOfMemory]"
-    _FLOW_CAT: _FLOW,  # a fifth of Kineto's events: skipped first thing (the plain path's
-                       # flows, with their real category, take the longer way to nothing)
+    _FLOW_CAT: _FLOW,  # a fifth of Kineto's events: skipped by the loop's third test (the
+                       # plain path's flows, with their real category, take the longer way)
 }
 
 _MISSING = object()
@@ -567,12 +567,7 @@ class UserStackBuilder:
     def __init__(self) -> None:
         # Filled by the reader's loop directly (it is hot): tid -> [(start, end, frame)].
         self.frames: dict[Any, list[tuple[float, float, str]]] = {}
-        self.is_user: dict[str, bool] = {}
         self._call_stacks: dict[str, list[str] | None] = {}
-
-    def learn(self, frame: str) -> bool:
-        user = self.is_user[frame] = is_user_frame(frame)
-        return user
 
     def from_call_stack(self, text: str) -> list[str] | None:
         """Old torch wrote the stack as one "Call stack" argument, innermost first."""
@@ -741,7 +736,7 @@ class _ProfileBuilder:
 
     def _learn_python_frame(self, name: str) -> tuple[str, bool]:
         name = sys.intern(name)
-        frame = self._python_frames[name] = (name, self.stacks.learn(name))
+        frame = self._python_frames[name] = (name, is_user_frame(name))
         return frame
 
     def _decode_new(self, key: bytes) -> Any:
