@@ -354,3 +354,24 @@ def test_streamed_fast_path_builds_what_the_plain_decode_builds(path, monkeypatc
     big = kineto._ProfileBuilder(str(path))
     kineto._stream_decode(str(path), big)
     assert _everything(big.finish()) == _everything(read_kineto(path))
+
+
+def test_a_batch_whose_views_outlive_it_does_not_stop_the_stream(trace_doc, profile, tmp_path,
+                                                                  monkeypatch):
+    """A Dask worker's sampling profiler can hold a frame of the decode, and with it a batch's
+    Raw views into the buffer: the buffer then cannot shrink in place (CI saw BufferError)."""
+    path = _write(tmp_path / "t.json", _layout_text("compact", trace_doc))
+    monkeypatch.setattr(kineto, "BLOCK_BYTES", 64 << 10)
+    monkeypatch.setattr(kineto, "_full_decode", _no_full_decode)
+    held: list = []
+    add_events = kineto._ProfileBuilder.add_events
+
+    def add_and_hold(self, events):
+        held.append(events)  # what a frame held by another thread keeps alive
+        return add_events(self, events)
+
+    monkeypatch.setattr(kineto._ProfileBuilder, "add_events", add_and_hold)
+    other = read_kineto(path)
+    assert len(held) > 3  # several batches, each still viewed when the next one came
+    assert _summary(other) == _summary(profile)
+    assert other.metadata["events"] == len(trace_doc["traceEvents"])

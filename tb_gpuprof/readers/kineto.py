@@ -13,6 +13,7 @@ still correct. Errors name the file and the problem in one line (:class:`TraceRe
 from __future__ import annotations
 
 import collections
+import contextlib
 import gzip
 import json
 import os
@@ -336,7 +337,7 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
             gap = _gap_pattern(buf)
         comma = _decode_prefix(buf, builder, gap) if gap is not None else 0
         if comma > 0:
-            del buf[:comma]  # O(1): bytearray drops a prefix by moving its start
+            buf = _drop_prefix(buf, comma)
         elif gap is not _EVENT_GAP and gap is not None and len(buf) > MAX_PENDING_BYTES // 2:
             gap = _EVENT_GAP  # the events do not all start with the first one's key
         elif len(buf) > MAX_PENDING_BYTES:
@@ -346,6 +347,21 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
             break
         buf += block
     _decode_tail(path, buf, is_list, builder)
+
+
+def _drop_prefix(buf: bytearray, n: int) -> bytearray:
+    """``buf`` without its first ``n`` bytes: in place when nothing else views it, else a copy.
+
+    In place is O(1) (bytearray moves its start). A view outlives its batch when another
+    thread holds a frame of the decode, e.g. Dask's sampling profiler in a worker; a resize
+    then raises BufferError, so the rest moves to a new buffer and the old one is left to
+    whoever still holds it.
+    """
+    try:
+        del buf[:n]
+        return buf
+    except BufferError:
+        return bytearray(memoryview(buf)[n:])
 
 
 def _find_events(path: str, it: Iterator[bytes],
@@ -438,8 +454,9 @@ def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[byt
             decoded = events is not None
             if events is not None:
                 builder.add_events(events)
-            del events  # with it every Raw view into the buffer
-            batch.release()
+            del events  # with it, as a rule, every Raw view into the buffer
+            with contextlib.suppress(BufferError):  # a view held elsewhere: _drop_prefix copies
+                batch.release()
         if decoded:
             return comma
         buf[comma] = 0x2C  # ","; try the gap before
