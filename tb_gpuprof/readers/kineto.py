@@ -25,7 +25,7 @@ import zlib
 from array import array
 from collections.abc import Iterator
 from operator import attrgetter
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union
 
 import msgspec
 import numpy as np
@@ -104,25 +104,10 @@ class _Args(_OpArgs, gc=False, frozen=True):
 _NO_ARGS = _Args()
 
 
-class _CompleteArgs(_OpArgs, gc=False, frozen=True):
-    """The arguments of a complete ("X") event: _Args without the allocator's and the
-    metadata events' keys (Kineto writes those on "i" and "M" events), so the struct made
-    for every op, kernel and call is 7 slots smaller (decoding 136 MB: about 10% faster)."""
-
-    # read by the reader's other branches: an "X" event has none of these
-    mem_bytes: ClassVar[None] = None
-    total_allocated: ClassVar[None] = None
-    total_reserved: ClassVar[None] = None
-    addr: ClassVar[None] = None
-    device_type: ClassVar[None] = None
-    device_id: ClassVar[None] = None
-    name: ClassVar[None] = None
-
-
-_NO_COMPLETE_ARGS = _CompleteArgs()
-
-
 class _Event(msgspec.Struct, gc=False):
+    """The plain path's event: every category in one struct (the reference the fast path's
+    structs below are tested against)."""
+
     # No "ph": the category tells what an event is; flows (s/f) and instants have none we use.
     cat: str = ""
     name: str = ""
@@ -133,63 +118,9 @@ class _Event(msgspec.Struct, gc=False):
     args: _Args = _NO_ARGS  # shared: flows and metadata events have no args
 
 
-# The fast path tells events apart by "ph" (Kineto writes it first): flows are most of what the
-# model does not use, so their struct reads none of their keys (the renamed fields never occur)
-# and they cost no strings or floats. A batch with any other "ph" (or none) fails validation and
-# is decoded again with the plain _Event list, which takes everything.
-_UNUSED = "tb_gpuprof: not a key"  # never in a trace: the field keeps its default
-
-
-class _Complete(_Event, tag_field="ph", tag="X"):
-    args: _CompleteArgs = _NO_COMPLETE_ARGS  # type: ignore[assignment]
-
-
-class _Metadata(_Event, tag_field="ph", tag="M"):
-    pass
-
-
-class _Instant(_Event, tag_field="ph", tag="i"):
-    pass
-
-
-_FLOW_CAT = "tb_gpuprof: flow"  # the fast path's flows: a category no trace spells
-
-
-class _FlowBase(msgspec.Struct, gc=False):
-    cat: str = msgspec.field(default=_FLOW_CAT, name=_UNUSED)
-    name: str = msgspec.field(default="", name=_UNUSED + "n")
-
-
-class _FlowStart(_FlowBase, tag_field="ph", tag="s"):
-    pass
-
-
-class _FlowEnd(_FlowBase, tag_field="ph", tag="f"):
-    pass
-
-
-class _FlowStep(_FlowBase, tag_field="ph", tag="t"):
-    pass
-
-
-_EventList = list[_Event]
-_TaggedList = list[_Complete | _Metadata | _Instant | _FlowStart | _FlowEnd | _FlowStep]
-_TraceObject = msgspec.defstruct(
-    "_TraceObject",
-    [("traceEvents", _EventList)] + [(k, Any, None) for k in META_KEYS],
-    gc=False,
-)
-_EVENTS_DECODER = msgspec.json.Decoder(_EventList, strict=False)
-_TAGGED_DECODER = msgspec.json.Decoder(_TaggedList, strict=False)
-_FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
-_HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
-_TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
-_EVENT_GAP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events, any layout
-_FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*("[^"\\]{1,64})"[ \t\r\n]*:')
-
 # Category -> what we make of it; old Kineto spelled some categories differently.
-(_CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT, _INSTANT,
- _FLOW) = range(10)
+(_CPU_OP, _PYTHON, _KERNEL, _MEMCPY, _MEMSET, _RUNTIME, _ANNOT, _GPU_ANNOT,
+ _INSTANT) = range(9)
 _CATEGORY = {
     "cpu_op": _CPU_OP, "operator": _CPU_OP, "Operator": _CPU_OP,
     "python_function": _PYTHON, "python": _PYTHON, "Python": _PYTHON,
@@ -199,9 +130,237 @@ _CATEGORY = {
     "cuda_runtime": _RUNTIME, "cuda_driver": _RUNTIME, "Runtime": _RUNTIME,
     "user_annotation": _ANNOT, "gpu_user_annotation": _GPU_ANNOT,
     "cpu_instant_event": _INSTANT,  # "[memory]" allocator events, "[OutOfMemory]"
-    _FLOW_CAT: _FLOW,  # a fifth of Kineto's events: skipped by the loop's third test (the
-                       # plain path's flows, with their real category, take the longer way)
 }
+_SPAN_CATEGORY = "Trace"  # the profiler's window: the one other category the model reads
+
+
+# --- the fast path's structs: one per category, tagged by "cat" ------------------------------
+# Each declares only what the model loop reads of its category, in the order Kineto writes
+# the keys (msgspec matches a key against the next field first). So a python_function event
+# (a third of a trace) costs no args struct, no "cat" or "pid" object; a flow costs nothing.
+# An event whose category is not listed, or that has none (the "M" metadata and a few "i"
+# events at the end of a trace), fails the batch's validation: that batch is decoded again
+# into _Event (see _BatchDecoder). Every class has its category as the class attribute
+# ``cat``, so the plain loop (``_add_plain``) reads these structs as it reads _Event.
+
+
+class _Tagged(msgspec.Struct, gc=False, tag_field="cat"):
+    cat: ClassVar[str] = ""
+
+
+class _OpEventArgs(msgspec.Struct, gc=False, frozen=True):
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Concrete Inputs")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    flops: float | None = None
+    call_stack: str | None = msgspec.field(default=None, name="Call stack")
+
+
+class _RuntimeArgs(msgspec.Struct, gc=False, frozen=True):
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    correlation: int | None = None
+
+
+class _CopyArgs(_RuntimeArgs, gc=False, frozen=True):
+    # declared in Kineto's order: External id, device, stream, correlation, bytes
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    device: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    bytes: int | None = None
+
+
+class _KernelArgs(msgspec.Struct, gc=False, frozen=True):
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    device: int | None = None
+    stream: int | None = None
+    correlation: int | None = None
+    registers: int | None = msgspec.field(default=None, name="registers per thread")
+    shared_mem: int | None = msgspec.field(default=None, name="shared memory")
+    blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
+    grid: tuple[int, ...] | None = None
+    block: tuple[int, ...] | None = None
+    occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
+
+
+class _MemoryArgs(msgspec.Struct, gc=False, frozen=True):
+    total_reserved: int | None = msgspec.field(default=None, name="Total Reserved")
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    mem_bytes: int | None = msgspec.field(default=None, name="Bytes")
+    device_id: int | None = msgspec.field(default=None, name="Device Id")
+    device_type: int | None = msgspec.field(default=None, name="Device Type")
+    addr: int | None = msgspec.field(default=None, name="Addr")
+
+
+class _OpEvent(_Tagged, tag="cpu_op"):
+    name: str = ""
+    tid: int | str | None = None
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _OpEventArgs = _OpEventArgs()
+
+
+class _PythonEvent(_Tagged, tag="python_function"):
+    name: str = ""
+    tid: int | str | None = None
+    ts: float = 0.0
+    dur: float = 0.0
+
+
+class _RuntimeEvent(_Tagged, tag="cuda_runtime"):
+    name: str = ""
+    tid: int | str | None = None
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _RuntimeArgs = _RuntimeArgs()
+
+
+class _KernelEvent(_Tagged, tag="kernel"):
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _KernelArgs = _KernelArgs()
+
+
+class _CopyEvent(_Tagged, tag="gpu_memcpy"):
+    name: str = ""
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float = 0.0
+    dur: float = 0.0
+    args: _CopyArgs = _CopyArgs()
+
+
+class _AnnotationEvent(_Tagged, tag="user_annotation"):
+    name: str = ""
+    ts: float = 0.0
+    dur: float = 0.0
+
+
+class _InstantEvent(_Tagged, tag="cpu_instant_event"):
+    name: str = ""
+    tid: int | str | None = None
+    ts: float = 0.0
+    args: _MemoryArgs = _MemoryArgs()
+
+
+class _SpanEvent(_Tagged, tag=_SPAN_CATEGORY):  # the profiler's window
+    ts: float = 0.0
+    dur: float = 0.0
+    name: str = ""
+
+
+class _SkippedEvent(_Tagged):
+    """A category the model does not use (flows, CUPTI overhead, ...): no fields at all."""
+
+
+def _same_fields(base: type[_Tagged], tag: str) -> type[_Tagged]:
+    """A struct like ``base`` for another category (an old spelling, a sibling kind)."""
+    name = base.__name__ + "_" + re.sub(r"\W", "_", tag)
+    cls: Any = msgspec.defstruct(name, [], bases=(base,), tag=tag, gc=False)
+    cls.cat = tag
+    return cls
+
+
+# Categories the model loop ignores (any but _CATEGORY's and "Trace"): flows, Kineto's other
+# activity kinds. One in neither list costs its batch a second decode, then is learnt.
+_SKIPPED_CATEGORIES = (
+    "ac2g", "fwdbwd", "overhead", "cuda_sync", "external_correlation", "cuda_profiler_range",
+    "glow_runtime", "mtia_runtime", "mtia_ccp_events", "privateuse1_runtime",
+    "privateuse1_driver", "xpu_runtime", "hpu_op", "collective_comm",
+)
+_STRUCT_OF_KIND: dict[int, type[_Tagged]] = {
+    _CPU_OP: _OpEvent, _PYTHON: _PythonEvent, _KERNEL: _KernelEvent, _MEMCPY: _CopyEvent,
+    _MEMSET: _CopyEvent, _RUNTIME: _RuntimeEvent, _ANNOT: _AnnotationEvent,
+    _GPU_ANNOT: _AnnotationEvent, _INSTANT: _InstantEvent,
+}
+# One struct per spelling in _CATEGORY (the base class for the spelling it is tagged with)
+_READ_TYPES: list[type[_Tagged]] = [_SpanEvent]
+for _cat, _kind in _CATEGORY.items():
+    _base = _STRUCT_OF_KIND[_kind]
+    _base.cat = str(_base.__struct_config__.tag)
+    _READ_TYPES.append(_base if _base.cat == _cat else _same_fields(_base, _cat))
+_SpanEvent.cat = _SPAN_CATEGORY
+_skipped_types: dict[str, type[_Tagged]] = {}
+_SKIPPED_TYPES: set[type] = set()  # every struct _skipped_type made: the model loop skips them
+
+
+def _skipped_type(cat: str) -> type[_Tagged]:
+    """The (cached) field-less struct for a category the model ignores."""
+    cls = _skipped_types.get(cat)
+    if cls is None:
+        cls = _skipped_types[cat] = _same_fields(_SkippedEvent, cat)
+        _SKIPPED_TYPES.add(cls)
+    return cls
+
+
+for _cat in _SKIPPED_CATEGORIES:
+    _skipped_type(_cat)
+
+
+def _tagged_decoder(skipped: list[type[_Tagged]]) -> msgspec.json.Decoder[list[Any]]:
+    union: Any = Union[tuple(_READ_TYPES + skipped)]  # noqa: UP007 (built at run time)
+    return msgspec.json.Decoder(list[union], strict=False)
+
+
+_TAGGED_DECODER = _tagged_decoder(list(_skipped_types.values()))
+MAX_UNTAGGED_BATCHES = 2  # batches with uncategorised events before the tagged decode stops
+
+
+class _BatchDecoder:
+    """Decodes one streamed batch into the tagged structs, else into plain _Event structs.
+
+    A batch the tagged structs cannot take is decoded again plainly; the categories it held
+    that no struct is tagged with become skipped structs from then on, so a new kind of event
+    costs one batch. Events without a category cannot be tagged: after a few such batches
+    (Kineto writes its "M" events at the end, in one) the rest goes straight to _Event.
+    """
+
+    def __init__(self) -> None:
+        self._skipped = dict(_skipped_types)
+        self._tagged: msgspec.json.Decoder[list[Any]] | None = _TAGGED_DECODER
+        self._untagged = 0
+
+    def decode(self, batch: memoryview) -> list[Any]:
+        """The batch's events; msgspec.DecodeError as the plain decoder raises it."""
+        if self._tagged is not None:
+            try:
+                return self._tagged.decode(batch)
+            except msgspec.ValidationError:
+                pass
+        events: list[_Event] = _EVENTS_DECODER.decode(batch)
+        if self._tagged is not None:
+            self._learn({ev.cat for ev in events})
+        return events
+
+    def _learn(self, categories: set[str]) -> None:
+        known = _CATEGORY.keys() | self._skipped.keys() | {_SPAN_CATEGORY, ""}
+        new = categories - known
+        for cat in new:
+            self._skipped[cat] = _skipped_type(cat)
+        if new:
+            self._tagged = _tagged_decoder(list(self._skipped.values()))
+        if "" in categories or not new:
+            self._untagged += 1
+            if self._untagged >= MAX_UNTAGGED_BATCHES:
+                self._tagged = None
+
+
+_EventList = list[_Event]
+_TraceObject = msgspec.defstruct(
+    "_TraceObject",
+    [("traceEvents", _EventList)] + [(k, Any, None) for k in META_KEYS],
+    gc=False,
+)
+_EVENTS_DECODER = msgspec.json.Decoder(_EventList, strict=False)
+_FULL_DECODER = msgspec.json.Decoder(_TraceObject | _EventList, strict=False)
+_HEADER_DECODER = msgspec.json.Decoder(dict[str, Any])
+_TRACE_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_EVENT_GAP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")  # between two events, any layout
+_FIRST_KEY = re.compile(rb'[ \t\r\n]*\{[ \t\r\n]*("[^"\\]{1,64})"[ \t\r\n]*:')
 
 _MISSING = object()
 # Ops whose scalar arguments ("Concrete Inputs") FLOPs need: conv geometry, attention's causal
@@ -329,39 +488,58 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
     # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
     # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
     # the buffer into a JSON array in place, decoded through a memoryview: no copies.
-    buf = bytearray(head[events_at - 1 :])
+    # The text is buf[:n]; buf itself never changes size (see _Buffer).
+    window = _Buffer(memoryview(head)[events_at - 1 :])
     del head
     gap: re.Pattern[bytes] | None = None
+    decoder = _BatchDecoder()
     while True:
         if gap is None:
-            gap = _gap_pattern(buf)
-        comma = _decode_prefix(buf, builder, gap) if gap is not None else 0
+            gap = _gap_pattern(window.buf, window.n)
+        comma = _decode_prefix(window, builder, decoder, gap) if gap is not None else 0
         if comma > 0:
-            buf = _drop_prefix(buf, comma)
-        elif gap is not _EVENT_GAP and gap is not None and len(buf) > MAX_PENDING_BYTES // 2:
+            window.drop(comma)
+        elif gap is not _EVENT_GAP and gap is not None and window.n > MAX_PENDING_BYTES // 2:
             gap = _EVENT_GAP  # the events do not all start with the first one's key
-        elif len(buf) > MAX_PENDING_BYTES:
+        elif window.n > MAX_PENDING_BYTES:
             raise _LayoutMismatch  # no event boundary in 64 MB: not a list of events
         block = next(it, None)
         if block is None:
             break
-        buf += block
-    _decode_tail(path, buf, is_list, builder)
+        window.append(block)
+    _decode_tail(path, window.buf[: window.n], is_list, builder)
 
 
-def _drop_prefix(buf: bytearray, n: int) -> bytearray:
-    """``buf`` without its first ``n`` bytes: in place when nothing else views it, else a copy.
+class _Buffer:
+    """The text not decoded yet, ``buf[:n]``, in a bytearray that is never resized.
 
-    In place is O(1) (bytearray moves its start). A view outlives its batch when another
-    thread holds a frame of the decode, e.g. Dask's sampling profiler in a worker; a resize
-    then raises BufferError, so the rest moves to a new buffer and the old one is left to
-    whoever still holds it.
+    Moving a bytearray's start (``del buf[:k]``) and appending the next block reallocates it
+    on every batch, and the fresh memory costs a page fault per 4 KB (136 MB: about 25 k
+    faults, 0.05 s of system time, as much as reading the file). A fixed buffer is written in
+    place instead; it is replaced by a bigger one only when an event outgrows it. That also
+    keeps a view outliving its batch harmless: a Dask worker's sampling profiler can hold a
+    frame of the decode, and with it Raw views into the buffer, which would forbid a resize.
     """
-    try:
-        del buf[:n]
-        return buf
-    except BufferError:
-        return bytearray(memoryview(buf)[n:])
+
+    def __init__(self, text: memoryview) -> None:
+        self.n = len(text)
+        self.buf = bytearray(self.n + 2 * BLOCK_BYTES)
+        self.buf[: self.n] = text
+
+    def drop(self, k: int) -> None:
+        """Forget the first ``k`` bytes: the rest (about one event) moves to the front."""
+        rest = self.n - k
+        self.buf[:rest] = self.buf[k : self.n]  # the right side is a copy: no overlap
+        self.n = rest
+
+    def append(self, block: bytes) -> None:
+        end = self.n + len(block)
+        if end > len(self.buf):
+            bigger = bytearray(max(2 * len(self.buf), end + BLOCK_BYTES))
+            bigger[: self.n] = memoryview(self.buf)[: self.n]
+            self.buf = bigger  # the old one is left to whatever still views it
+        self.buf[self.n : end] = block
+        self.n = end
 
 
 def _find_events(path: str, it: Iterator[bytes],
@@ -392,16 +570,16 @@ def _find_events(path: str, it: Iterator[bytes],
     raise _LayoutMismatch
 
 
-def _gap_pattern(buf: bytearray) -> re.Pattern[bytes] | None:
+def _gap_pattern(buf: bytearray, n: int) -> re.Pattern[bytes] | None:
     """The gap between two events, once the first event's first key is in the buffer.
 
     ``}, {`` alone also occurs between objects nested in an event (and inside strings); a
     producer starts every event with the same key ("ph" for Kineto), so the gap followed by
     that key is nearly always a real boundary. None until the first key has arrived.
     """
-    m = _FIRST_KEY.match(buf, 1)
+    m = _FIRST_KEY.match(buf, 1, n)
     if m is None:
-        if len(buf) > 4096 or buf[1:].strip(b" \t\r\n")[:1] not in (b"", b"{"):
+        if n > 4096 or buf[1:n].strip(b" \t\r\n")[:1] not in (b"", b"{"):
             return _EVENT_GAP  # no key within reach (empty list, odd text): try the plain gap
         return None
     return re.compile(_EVENT_GAP.pattern + rb"[ \t\r\n]*" + re.escape(m.group(1)) + rb'"')
@@ -424,14 +602,15 @@ def _last_gap(buf: bytearray, end: int, gap: re.Pattern[bytes]) -> int:
     return -1
 
 
-def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[bytes]) -> int:
+def _decode_prefix(window: _Buffer, builder: _ProfileBuilder, decoder: _BatchDecoder,
+                   gap: re.Pattern[bytes]) -> int:
     """Decode the events before the buffer's last event gap; return that gap's index (or 0).
 
     A gap found by pattern may sit inside a string or a nested list of objects; the batch up
     to it is then unbalanced JSON, which msgspec rejects, so we try the gap before it. A batch
     that decodes is proof that its cut was right.
     """
-    end = len(buf)
+    buf, end = window.buf, window.n
     first = -1
     for _ in range(MAX_CUT_TRIES):
         comma = _last_gap(buf, end, gap)
@@ -443,19 +622,14 @@ def _decode_prefix(buf: bytearray, builder: _ProfileBuilder, gap: re.Pattern[byt
             batch = whole[: comma + 1]
             events: list[Any] | None
             try:
-                events = _TAGGED_DECODER.decode(batch)
-            except msgspec.ValidationError:  # a "ph" the fast path does not know: decode all
-                try:
-                    events = _EVENTS_DECODER.decode(batch)
-                except msgspec.DecodeError:
-                    events = None
+                events = decoder.decode(batch)
             except msgspec.DecodeError:
                 events = None
             decoded = events is not None
             if events is not None:
                 builder.add_events(events)
             del events  # with it, as a rule, every Raw view into the buffer
-            with contextlib.suppress(BufferError):  # a view held elsewhere: _drop_prefix copies
+            with contextlib.suppress(BufferError):  # a view held elsewhere (see _Buffer)
                 batch.release()
         if decoded:
             return comma
@@ -710,6 +884,7 @@ class _ProfileBuilder:
         self._thread_names: dict[str, str] = {}
         # python_function name -> (the interned name, is it user code): one lookup per call
         self._python_frames: dict[str, tuple[str, bool]] = {}
+        self._library_frames: dict[str, str] = {}  # the same for names that are not user code
         self._events = 0
         self.memory = MemoryEventsBuilder()
         self.python = PythonCallsBuilder()
@@ -754,6 +929,8 @@ class _ProfileBuilder:
     def _learn_python_frame(self, name: str) -> tuple[str, bool]:
         name = sys.intern(name)
         frame = self._python_frames[name] = (name, is_user_frame(name))
+        if not frame[1]:
+            self._library_frames[name] = name
         return frame
 
     def _decode_new(self, key: bytes) -> Any:
@@ -775,7 +952,90 @@ class _ProfileBuilder:
             cached = self._dims_cache[key] = (x, y, z)
         return cached
 
-    def add_events(self, events: list[Any]) -> None:  # _Event and the tagged structs
+    def add_events(self, events: list[Any]) -> None:
+        """One batch: the fast path's tagged structs, or plain _Event structs, or a mix.
+
+        The hot loop of the reader: CPU ops and Python calls (three quarters of what a trace
+        holds) are handled here, told apart by their struct's type; skipped categories cost
+        one set lookup. Everything else (and every plain _Event) goes through _add_plain in
+        its order, as do step markers written as CPU ops, so annotations keep the file's
+        order. Locals for everything, one constructor call per object.
+        """
+        self._events += len(events)
+        cpu_ops = self.profile.cpu_ops
+        cached = self._json_cache.get
+        op_name = self._op_names.get
+        decode_new = self._decode_new
+        from_call_stack = self.stacks.from_call_stack
+        conv_ops = self._conv_ops
+        thread = self._threads.get
+        library_frame = self._library_frames.get
+        py = self.python.calls  # Python rows of the Timeline: every call, user code or not
+        py_start, py_dur, py_tid, py_name = (py.start.append, py.dur.append, py.tid.append,
+                                             py.name.append)
+        skipped = _SKIPPED_TYPES
+        rest: list[Any] = []
+        for ev in events:
+            t = type(ev)
+            if t is _OpEvent:
+                name = op_name(ev.name)
+                if name is None:  # first sight of this name
+                    name = self._learn_op_name(ev.name)
+                if name is _STEP_MARKER:  # older torch: ProfilerStep#N as a cpu_op
+                    rest.append(ev)
+                    continue
+                a = ev.args
+                if a.input_dims:
+                    key = bytes(a.input_dims)
+                    shapes = cached(key, _MISSING)
+                    if shapes is _MISSING:
+                        shapes = decode_new(key)
+                    key = bytes(a.input_type)
+                    types = cached(key, _MISSING)
+                    if types is _MISSING:
+                        types = decode_new(key)
+                    # stride/padding/... and is_causal for FLOPs; only math ops need them
+                    if a.concrete and name in conv_ops:
+                        key = bytes(a.concrete)
+                        concrete = cached(key, _MISSING)
+                        if concrete is _MISSING:
+                            concrete = decode_new(key)
+                    else:
+                        concrete = None
+                else:
+                    shapes = types = concrete = None
+                tid = thread(ev.tid)
+                if tid is None:
+                    tid = self._thread(ev.tid)
+                cpu_ops.append(CpuOp(
+                    name, ev.ts, ev.dur, tid, a.external_id, shapes, types, a.flops,
+                    from_call_stack(a.call_stack) if a.call_stack else None, concrete))
+            elif t is _PythonEvent:
+                name = library_frame(ev.name)  # the interned name, unless it is user code
+                if name is None:
+                    name = self._user_frame(ev)
+                tid = thread(ev.tid)
+                py_start(ev.ts)
+                py_dur(ev.dur)
+                py_tid(self._thread(ev.tid) if tid is None else tid)
+                py_name(name)
+            elif t not in skipped:
+                rest.append(ev)
+        if rest:
+            self._add_plain(rest)
+
+    def _user_frame(self, ev: Any) -> str:
+        """A python_function event whose name is new or user code: its interned name; a user
+        frame is also kept for the stack sweep."""
+        frame = self._python_frames.get(ev.name)
+        if frame is None:
+            frame = self._learn_python_frame(ev.name)
+        if frame[1]:
+            self.stacks.frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, frame[0]))
+        return frame[0]
+
+    def _add_plain(self, events: list[Any]) -> None:  # _Event and the tagged structs
+        """Every category, by ``ev.cat``: the plain path's loop (its reference)."""
         # The hot loop of the reader: locals for everything, one constructor call per object.
         p = self.profile
         cpu_ops, gpu, runtime, annotations = p.cpu_ops, p.gpu, p.runtime, p.annotations
@@ -793,7 +1053,6 @@ class _ProfileBuilder:
         py = self.python.calls  # Python rows of the Timeline: every call, user code or not
         py_start, py_dur, py_tid, py_name = (py.start.append, py.dur.append, py.tid.append,
                                              py.name.append)
-        self._events += len(events)
         for ev in events:
             kind = category(ev.cat)
             if kind == _CPU_OP:
@@ -844,8 +1103,6 @@ class _ProfileBuilder:
                 py_dur(ev.dur)
                 py_tid(self._thread(ev.tid) if tid is None else tid)
                 py_name(name)
-            elif kind == _FLOW:
-                continue
             elif kind is None:
                 if ev.name == "thread_name" and not ev.cat:  # a "ph": "M" metadata event
                     self._thread_names[f"{ev.pid}/{ev.tid}"] = str(ev.args.name)
