@@ -284,6 +284,9 @@ for _cat, _kind in _CATEGORY.items():
     _base.cat = str(_base.__struct_config__.tag)
     _READ_TYPES.append(_base if _base.cat == _cat else _same_fields(_base, _cat))
 _SpanEvent.cat = _SPAN_CATEGORY
+# Old spellings of the two kinds the model loop handles itself (see add_events)
+_RESPELT_TYPES = {t for t in _READ_TYPES if t not in (_OpEvent, _PythonEvent)
+                  and issubclass(t, (_OpEvent, _PythonEvent))}
 _skipped_types: dict[str, type[_Tagged]] = {}
 _SKIPPED_TYPES: set[type] = set()  # every struct _skipped_type made: the model loop skips them
 
@@ -297,17 +300,13 @@ def _skipped_type(cat: str) -> type[_Tagged]:
     return cls
 
 
-for _cat in _SKIPPED_CATEGORIES:
-    _skipped_type(_cat)
-
 
 def _tagged_decoder(skipped: list[type[_Tagged]]) -> msgspec.json.Decoder[list[Any]]:
     union: Any = Union[tuple(_READ_TYPES + skipped)]  # noqa: UP007 (built at run time)
     return msgspec.json.Decoder(list[union], strict=False)
 
 
-_TAGGED_DECODER = _tagged_decoder(list(_skipped_types.values()))
-MAX_UNTAGGED_BATCHES = 2  # batches with uncategorised events before the tagged decode stops
+_TAGGED_DECODER = _tagged_decoder([_skipped_type(cat) for cat in _SKIPPED_CATEGORIES])
 
 
 class _BatchDecoder:
@@ -315,17 +314,20 @@ class _BatchDecoder:
 
     A batch the tagged structs cannot take is decoded again plainly; the categories it held
     that no struct is tagged with become skipped structs from then on, so a new kind of event
-    costs one batch. Events without a category cannot be tagged: after a few such batches
-    (Kineto writes its "M" events at the end, in one) the rest goes straight to _Event.
+    costs one batch. Events without a category cannot be tagged (Kineto writes its "M"
+    events at the end, in one batch): once more than a quarter of the batches held some,
+    the rest goes straight to _Event, so such a trace is decoded at most 1.25 times.
     """
 
     def __init__(self) -> None:
-        self._skipped = dict(_skipped_types)
+        # what _TAGGED_DECODER skips (_skipped_types may hold what other reads learnt)
+        self._skipped = {cat: _skipped_type(cat) for cat in _SKIPPED_CATEGORIES}
         self._tagged: msgspec.json.Decoder[list[Any]] | None = _TAGGED_DECODER
-        self._untagged = 0
+        self._batches = self._untagged = 0
 
     def decode(self, batch: memoryview) -> list[Any]:
         """The batch's events; msgspec.DecodeError as the plain decoder raises it."""
+        self._batches += 1
         if self._tagged is not None:
             try:
                 return self._tagged.decode(batch)
@@ -345,7 +347,7 @@ class _BatchDecoder:
             self._tagged = _tagged_decoder(list(self._skipped.values()))
         if "" in categories or not new:
             self._untagged += 1
-            if self._untagged >= MAX_UNTAGGED_BATCHES:
+            if self._untagged >= 2 and 4 * self._untagged > self._batches:
                 self._tagged = None
 
 
@@ -959,7 +961,10 @@ class _ProfileBuilder:
         holds) are handled here, told apart by their struct's type; skipped categories cost
         one set lookup. Everything else (and every plain _Event) goes through _add_plain in
         its order, as do step markers written as CPU ops, so annotations keep the file's
-        order. Locals for everything, one constructor call per object.
+        order; an op or a call under an old category spelling also goes there, once what
+        waits before it has, so that ops and calls keep it too (the model's lists are sorted
+        by start, stably: ties stay in file order). Locals for everything, one constructor
+        call per object.
         """
         self._events += len(events)
         cpu_ops = self.profile.cpu_ops
@@ -973,7 +978,7 @@ class _ProfileBuilder:
         py = self.python.calls  # Python rows of the Timeline: every call, user code or not
         py_start, py_dur, py_tid, py_name = (py.start.append, py.dur.append, py.tid.append,
                                              py.name.append)
-        skipped = _SKIPPED_TYPES
+        skipped, respell = _SKIPPED_TYPES, _RESPELT_TYPES
         rest: list[Any] = []
         for ev in events:
             t = type(ev)
@@ -1021,6 +1026,9 @@ class _ProfileBuilder:
                 py_name(name)
             elif t not in skipped:
                 rest.append(ev)
+                if t in respell:  # an old spelling of the two kinds above: in file order
+                    self._add_plain(rest)
+                    rest.clear()
         if rest:
             self._add_plain(rest)
 
