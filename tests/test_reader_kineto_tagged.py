@@ -201,3 +201,20 @@ def test_uncategorised_events_everywhere_stop_the_tagged_decode(tmp_path, monkey
     streamed, plain = _streamed_and_plain(path)
     assert streamed == plain
     assert 2 <= tried.count(True) <= 4 and len(tried) > 30  # a quarter of the first batches
+
+
+def test_an_op_name_with_more_distinct_shapes_than_kept_reads_the_same(tmp_path, monkeypatch):
+    """_OpName keeps 16 texts per argument; past that the ops still get their own values."""
+    rng = random.Random(3)
+    events = [_x("cpu_op", "aten::mm", float(i), **{
+        "External id": i, "Input Dims": [[rng.randrange(1, 60), 8], [8, 4]],
+        "Input type": [rng.choice(["float", "c10::BFloat16", "c10::Half"])] * rng.randrange(
+            1, 12)}) for i in range(5000)]
+    path = tmp_path / "many_shapes.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    monkeypatch.setattr(kineto, "BLOCK_BYTES", 16 << 10)
+    streamed, plain = _streamed_and_plain(path)
+    assert streamed == plain
+    ops = streamed[1]
+    assert [o.input_shapes for o in ops] == [e["args"]["Input Dims"] for e in events]
+    assert [o.input_types for o in ops] == [e["args"]["Input type"] for e in events]

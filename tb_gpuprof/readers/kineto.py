@@ -871,6 +871,25 @@ class PythonCallsBuilder:
 # --- building the model -----------------------------------------------------------------------
 
 
+class _OpName:
+    """What the fast path knows of one op name: the canonical (interned) name, whether
+    FLOPs need its concrete inputs, and the argument texts seen with it, as Raw copies with
+    their decoded values. An op's shapes and types are found by comparing its texts with
+    these (a memcmp each): a name has a few distinct shapes, and a dict would first copy and
+    hash both texts (about 0.4 us an op)."""
+
+    LIMIT = 16  # texts kept per name and argument
+    __slots__ = ("conv", "dims", "name", "shapes", "type_texts", "types")
+
+    def __init__(self, name: str, conv: bool) -> None:
+        self.name = name
+        self.conv = conv
+        self.dims: list[msgspec.Raw] = []
+        self.shapes: list[Any] = []
+        self.type_texts: list[msgspec.Raw] = []
+        self.types: list[Any] = []
+
+
 class _ProfileBuilder:
     """Turns decoded events into model objects, batch by batch, sharing repeated values."""
 
@@ -880,6 +899,7 @@ class _ProfileBuilder:
         self._json_cache: dict[bytes, Any] = {}
         self._op_names: dict[str, str] = {}  # interns op names, flags step markers
         self._conv_ops: set[str] = set()  # op names whose concrete inputs FLOPs need
+        self._op_infos: dict[str, _OpName] = {}  # the same for the fast path, and more
         # One int object per thread id: msgspec makes a new one per event (ids are > 256)
         self._threads: dict[Any, int] = {}
         self._dims_cache: dict[tuple[int, ...], tuple[int, int, int]] = {}
@@ -928,6 +948,31 @@ class _ProfileBuilder:
             self._conv_ops.add(canonical)
         return canonical
 
+    def _learn_op_info(self, name: str) -> _OpName:
+        canonical = self._learn_op_name(name)
+        info = self._op_infos[name] = _OpName(canonical, canonical in self._conv_ops)
+        return info
+
+    def _json_value(self, raw: msgspec.Raw) -> Any:
+        key = bytes(raw)
+        value = self._json_cache.get(key, _MISSING)
+        return self._decode_new(key) if value is _MISSING else value
+
+    def _learn_arguments(self, info: _OpName, a: _OpEventArgs) -> tuple[Any, Any]:
+        """An op's shapes and types whose texts ``info`` does not hold yet (it keeps up to
+        _OpName.LIMIT of each: past that, a name with ever new shapes costs a hash a text)."""
+        shapes, types = self._json_value(a.input_dims), self._json_value(a.input_type)
+        if a.input_dims not in info.dims and len(info.dims) < _OpName.LIMIT:
+            info.dims.append(a.input_dims.copy())  # a copy: the batch's buffer is reused
+            info.shapes.append(shapes)
+        if a.input_type not in info.type_texts and len(info.type_texts) < _OpName.LIMIT:
+            info.type_texts.append(a.input_type.copy())
+            info.types.append(types)
+        return shapes, types
+
+    def _concrete(self, a: _OpEventArgs) -> Any:
+        return self._json_value(a.concrete)
+
     def _learn_python_frame(self, name: str) -> tuple[str, bool]:
         name = sys.intern(name)
         frame = self._python_frames[name] = (name, is_user_frame(name))
@@ -968,11 +1013,8 @@ class _ProfileBuilder:
         """
         self._events += len(events)
         cpu_ops = self.profile.cpu_ops
-        cached = self._json_cache.get
-        op_name = self._op_names.get
-        decode_new = self._decode_new
+        op_info = self._op_infos.get
         from_call_stack = self.stacks.from_call_stack
-        conv_ops = self._conv_ops
         thread = self._threads.get
         library_frame = self._library_frames.get
         py = self.python.calls  # Python rows of the Timeline: every call, user code or not
@@ -983,30 +1025,22 @@ class _ProfileBuilder:
         for ev in events:
             t = type(ev)
             if t is _OpEvent:
-                name = op_name(ev.name)
-                if name is None:  # first sight of this name
-                    name = self._learn_op_name(ev.name)
+                info = op_info(ev.name)
+                if info is None:  # first sight of this name
+                    info = self._learn_op_info(ev.name)
+                name = info.name
                 if name is _STEP_MARKER:  # older torch: ProfilerStep#N as a cpu_op
                     rest.append(ev)
                     continue
                 a = ev.args
                 if a.input_dims:
-                    key = bytes(a.input_dims)
-                    shapes = cached(key, _MISSING)
-                    if shapes is _MISSING:
-                        shapes = decode_new(key)
-                    key = bytes(a.input_type)
-                    types = cached(key, _MISSING)
-                    if types is _MISSING:
-                        types = decode_new(key)
+                    try:  # texts seen with this name before: compared, not hashed
+                        shapes = info.shapes[info.dims.index(a.input_dims)]
+                        types = info.types[info.type_texts.index(a.input_type)]
+                    except ValueError:
+                        shapes, types = self._learn_arguments(info, a)
                     # stride/padding/... and is_causal for FLOPs; only math ops need them
-                    if a.concrete and name in conv_ops:
-                        key = bytes(a.concrete)
-                        concrete = cached(key, _MISSING)
-                        if concrete is _MISSING:
-                            concrete = decode_new(key)
-                    else:
-                        concrete = None
+                    concrete = self._concrete(a) if info.conv and a.concrete else None
                 else:
                     shapes = types = concrete = None
                 tid = thread(ev.tid)
@@ -1016,14 +1050,14 @@ class _ProfileBuilder:
                     name, ev.ts, ev.dur, tid, a.external_id, shapes, types, a.flops,
                     from_call_stack(a.call_stack) if a.call_stack else None, concrete))
             elif t is _PythonEvent:
-                name = library_frame(ev.name)  # the interned name, unless it is user code
-                if name is None:
-                    name = self._user_frame(ev)
+                frame = library_frame(ev.name)  # the interned name, unless it is user code
+                if frame is None:
+                    frame = self._user_frame(ev)
                 tid = thread(ev.tid)
                 py_start(ev.ts)
                 py_dur(ev.dur)
                 py_tid(self._thread(ev.tid) if tid is None else tid)
-                py_name(name)
+                py_name(frame)
             elif t not in skipped:
                 rest.append(ev)
                 if t in respell:  # an old spelling of the two kinds above: in file order
