@@ -218,3 +218,64 @@ def test_an_op_name_with_more_distinct_shapes_than_kept_reads_the_same(tmp_path,
     ops = streamed[1]
     assert [o.input_shapes for o in ops] == [e["args"]["Input Dims"] for e in events]
     assert [o.input_types for o in ops] == [e["args"]["Input type"] for e in events]
+
+
+def _sweep_each_op(frames, ops) -> None:
+    """The stack sweep as it was, one step per op: the reference for kineto._sweep."""
+    open_frames: list = []
+    current = None
+    i, n = 0, len(frames)
+    for op in ops:
+        t = op.start_us
+        changed = False
+        while i < n and frames[i][0] <= t:
+            start, end, name = frames[i]
+            i += 1
+            while open_frames and open_frames[-1][0] <= start:
+                open_frames.pop()
+            open_frames.append((end, name))
+            changed = True
+        while open_frames and open_frames[-1][0] < t:
+            open_frames.pop()
+            changed = True
+        if changed:
+            top = open_frames[-kineto.MAX_STACK_FRAMES:]
+            current = [name for _, name in reversed(top)] or None
+        op.stack = current
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_stack_sweep_gives_every_op_what_a_step_per_op_gives(seed):
+    from tb_gpuprof.model import CpuOp
+
+    rng = random.Random(seed)
+    span = rng.choice([5, 50, 500])  # few distinct times: many ties at starts and ends
+    frames = []
+    for k in range(rng.randrange(0, 60)):
+        start = float(rng.randrange(span))
+        frames.append((start, start + rng.choice([0.0, 1.0, float(rng.randrange(span))]),
+                       f"f{k}.py(1): g"))
+    if seed % 10 == 9:
+        frames.append((float("nan"), 3.0, "nan.py(1): g"))
+    frames.sort(key=lambda f: (f[0], -f[1]))
+    starts = sorted(float(rng.randrange(span)) for _ in range(rng.randrange(0, 400)))
+    if seed % 10 == 8:
+        starts.insert(len(starts) // 2, float("nan"))
+    fast = [CpuOp("op", t, 1.0) for t in starts]
+    slow = [CpuOp("op", t, 1.0) for t in starts]
+    kineto._sweep(frames, fast)
+    _sweep_each_op(frames, slow)
+    assert [o.stack for o in fast] == [o.stack for o in slow]
+
+
+def test_the_stack_sweep_steps_op_by_op_past_a_nan_start():
+    from tb_gpuprof.model import CpuOp
+
+    frames = [(0.0, 3.0, "a.py(1): f"), (0.5, 2.0, "b.py(1): g")]
+    starts = [1.0, 4.0, float("nan"), 6.0]  # a NaN leaves a list sorted by start unsorted
+    fast = [CpuOp("op", t, 1.0) for t in starts]
+    slow = [CpuOp("op", t, 1.0) for t in starts]
+    kineto._sweep(frames, fast)
+    _sweep_each_op(frames, slow)
+    assert [o.stack for o in fast] == [o.stack for o in slow]
+    assert fast[0].stack == ["b.py(1): g", "a.py(1): f"] and fast[1].stack is None

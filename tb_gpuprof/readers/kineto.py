@@ -12,6 +12,7 @@ still correct. Errors name the file and the problem in one line (:class:`TraceRe
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import gzip
@@ -773,33 +774,61 @@ class UserStackBuilder:
         """``ops`` sorted by start; sets ``stack`` where it is still None."""
         if not self.frames:
             return
-        ops_by_tid: dict[Any, list[CpuOp]] = {tid: [] for tid in self.frames}
-        for op in ops:
-            bucket = ops_by_tid.get(op.tid)
-            if bucket is not None and op.stack is None:
-                bucket.append(op)
+        if len(self.frames) <= 4:  # one pass per thread is faster than one bucketing loop
+            ops_by_tid = {tid: [op for op in ops if op.tid == tid and op.stack is None]
+                          for tid in self.frames}
+        else:
+            ops_by_tid = {tid: [] for tid in self.frames}
+            for op in ops:
+                bucket = ops_by_tid.get(op.tid)
+                if bucket is not None and op.stack is None:
+                    bucket.append(op)
         for tid, frames in self.frames.items():
             frames.sort(key=lambda f: (f[0], -f[1]))  # parents before children at equal start
-            open_frames: list[tuple[float, str]] = []  # (end, name), innermost last
-            current: list[str] | None = None
-            i, n = 0, len(frames)
-            for op in ops_by_tid[tid]:
-                t = op.start_us
-                changed = False
-                while i < n and frames[i][0] <= t:
-                    start, end, name = frames[i]
-                    i += 1
-                    while open_frames and open_frames[-1][0] <= start:
-                        open_frames.pop()
-                    open_frames.append((end, name))
-                    changed = True
-                while open_frames and open_frames[-1][0] < t:
-                    open_frames.pop()
-                    changed = True
-                if changed:
-                    top = open_frames[-MAX_STACK_FRAMES:]
-                    current = [name for _, name in reversed(top)] or None
+            _sweep(frames, ops_by_tid[tid])
+
+
+def _sweep(frames: list[tuple[float, float, str]], ops: list[CpuOp]) -> None:
+    """Give each op (sorted by start) the frames open at its start, innermost first.
+
+    The open frames change only at an op that starts at or after the next frame's start or
+    after the innermost open frame's end; the ops before it share the stack, so they are
+    found by bisection and given it in one slice (no Python step per op). A NaN start makes
+    the bisection meaningless: then every op is its own step, as the loop always was.
+    """
+    starts = [op.start_us for op in ops]
+    jump = not any(t != t for t in starts)
+    open_frames: list[tuple[float, str]] = []  # (end, name), innermost last
+    current: list[str] | None = None
+    i, n, j, m = 0, len(frames), 0, len(ops)
+    while j < m:
+        t = starts[j]
+        changed = False
+        while i < n and frames[i][0] <= t:
+            start, end, name = frames[i]
+            i += 1
+            while open_frames and open_frames[-1][0] <= start:
+                open_frames.pop()
+            open_frames.append((end, name))
+            changed = True
+        while open_frames and open_frames[-1][0] < t:
+            open_frames.pop()
+            changed = True
+        if changed:
+            top = open_frames[-MAX_STACK_FRAMES:]
+            current = [name for _, name in reversed(top)] or None
+        k = j + 1
+        if jump:  # the first op after j at which a frame opens or the innermost one closes
+            if i < n:
+                k = bisect.bisect_left(starts, frames[i][0], k)
+            else:
+                k = m
+            if open_frames:
+                k = min(k, bisect.bisect_right(starts, open_frames[-1][0], j + 1))
+        if current is not None:  # the others' stack is None already
+            for op in ops[j:k]:
                 op.stack = current
+        j = k
 
 
 # --- allocator events and Python calls ---------------------------------------------------------
