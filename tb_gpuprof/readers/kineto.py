@@ -1082,10 +1082,10 @@ class _ProfileBuilder:
                 frame = library_frame(ev.name)  # the interned name, unless it is user code
                 if frame is None:
                     frame = self._user_frame(ev)
-                tid = thread(ev.tid)
+                tid = ev.tid  # an int64 column: no int object to share
                 py_start(ev.ts)
                 py_dur(ev.dur)
-                py_tid(self._thread(ev.tid) if tid is None else tid)
+                py_tid(tid if type(tid) is int else 0)
                 py_name(frame)
             elif t not in skipped:
                 rest.append(ev)
@@ -1188,10 +1188,15 @@ class _ProfileBuilder:
                                            a.correlation, a.external_id))
             elif kind == _KERNEL:
                 a = ev.args
+                device, stream = a.device, a.stream
+                if device is None:
+                    device = ev.pid if type(ev.pid) is int else 0
+                if stream is None:
+                    stream = ev.tid if type(ev.tid) is int else 0
                 gpu.append(GpuActivity(
-                    KERNEL, intern(ev.name), ev.ts, ev.dur, self._device(ev, a),
-                    self._stream(ev, a), a.correlation, a.external_id, dims(a.grid),
-                    dims(a.block), a.registers, a.shared_mem, a.blocks_per_sm, a.occupancy))
+                    KERNEL, intern(ev.name), ev.ts, ev.dur, device, stream, a.correlation,
+                    a.external_id, dims(a.grid), dims(a.block), a.registers, a.shared_mem,
+                    a.blocks_per_sm, a.occupancy))
             elif kind == _MEMCPY or kind == _MEMSET:
                 a = ev.args
                 act = GpuActivity(MEMCPY if kind == _MEMCPY else MEMSET, intern(ev.name),
