@@ -81,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default gpt2; with --all: only this workload (default: both)")
     ap.add_argument("--all", action="store_true", help="every hook x workload, one process each")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and counts (CPU check)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny models with the given counts (a CPU study of the harness)")
     ap.add_argument("--block", type=int, default=5, help="iterations per timed block")
     ap.add_argument("--groups", type=int, default=20,
                     help="ABBA groups for the always-on ratio")
@@ -106,6 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.workload = args.workload or "gpt2"
     if args.smoke:
         args.block, args.groups, args.after, args.windows = 3, 1, 6, 2
+    args.tiny_models = args.smoke or args.tiny
     return args
 
 
@@ -246,7 +249,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
 
     from tb_gpuprof.torch import GpuProfiler
 
-    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
     n = args.block
     logdir = tempfile.mkdtemp(prefix="bench_hook_overhead_")
     for _ in range(3):
@@ -370,7 +373,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
 
     from tb_gpuprof.lightning import GpuProfCallback
 
-    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
     plan = new_plan(args)
     clock = BlockClock(plan, args.block, sync)
     order = [False] * 3 + plan.always_on_order()  # 3 warm-up blocks
@@ -532,7 +535,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     clock = BlockClock(plan, args.block, sync if backend == "torch" else lambda: None)
     # JAX/TF: Keras makes the logs numbers before a batch end, so the step has finished
     order = [False] * 3 + plan.always_on_order()
-    model, x, y = keras_model(keras, args.workload, args.smoke)
+    model, x, y = keras_model(keras, args.workload, args.tiny_models)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     always_on_dir = tempfile.mkdtemp(prefix="bench_keras_on_")
@@ -615,7 +618,7 @@ def bench_control(args: argparse.Namespace) -> dict[str, Any]:
     block whenever it is given a turn, until the treated process has finished."""
     n = args.block
     if not args.hook.startswith("keras-"):
-        _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+        _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
         for _ in range(3):
             timed(lambda: [step() for _ in range(n)])
         plan = new_plan(args)
@@ -630,7 +633,7 @@ def bench_control(args: argparse.Namespace) -> dict[str, Any]:
 
     plan = new_plan(args, torch_process=backend == "torch")
     clock = BlockClock(plan, n, sync if backend == "torch" else lambda: None)
-    model, x, y = keras_model(keras, args.workload, args.smoke)
+    model, x, y = keras_model(keras, args.workload, args.tiny_models)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     warm = 3 * n
@@ -672,7 +675,7 @@ def child_cmd(args: argparse.Namespace, hook: str, workload: str) -> list[str]:
     cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--hook", hook,
            "--workload", workload, "--block", str(args.block), "--groups", str(args.groups),
            "--after", str(args.after), "--windows", str(args.windows), "--json"]
-    return cmd + (["--smoke"] if args.smoke else [])
+    return cmd + (["--smoke"] if args.smoke else []) + (["--tiny"] if args.tiny else [])
 
 
 def child_row(proc: subprocess.CompletedProcess[str], hook: str, workload: str,
