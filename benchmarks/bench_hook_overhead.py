@@ -40,7 +40,11 @@ ratio over all blocks (no state matching) for comparison. ``raw_blocks`` keeps e
     python3 benchmarks/bench_hook_overhead.py --all --workload gpt2 --out $OUT/gpt2     # GPU
     python3 benchmarks/bench_hook_overhead.py --all --workload resnet50 --out $OUT/rn50
     python3 benchmarks/bench_hook_overhead.py --all --paired --workload gpt2 --out $OUT/p
+    python3 benchmarks/bench_hook_overhead.py --all --paired --cpus 4 --workload gpt2   # pinned
     python3 benchmarks/bench_hook_overhead.py --all --smoke              # CPU smoke test
+
+``--cpus N`` pins every process (and so the hooks' threads and analysis process) to the same
+N CPUs; gpu/loop_noise.py measures whether that calms the launch-bound loop on a machine.
 """
 
 from __future__ import annotations
@@ -92,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="a directory for the JSON figures")
     ap.add_argument("--hooks", default=",".join(HOOKS), help="with --all: these hooks")
     ap.add_argument("--timeout", type=float, default=300, help="with --all: per process (s)")
+    ap.add_argument("--cpus", type=int, default=0,
+                    help="with --all: run every process on the first N allowed CPUs (the same "
+                         "ones for a paired run's two processes; the hooks' threads and "
+                         "analysis process inherit them); 0: wherever the OS puts them")
     ap.add_argument("--paired", action="store_true",
                     help="with --all: run each hook's process in turn with a control process "
                          "(bare loop, same framework), block by block, for ratios against "
@@ -231,8 +239,8 @@ def torch_launch_probe() -> Callable[[], float]:
 
 def process_state() -> dict[str, Any]:
     """What a hook could leave changed in the process: its threads, the GC, a profile or
-    trace function, torch's profiler flag, TEARDOWN_CUPTI (recorded before the first window
-    and at the end, to tell a leftover from noise)."""
+    trace function, torch's profiler flag, TEARDOWN_CUPTI, the CPUs it may run on (recorded
+    before the first window and at the end, to tell a leftover from noise)."""
     import gc
     import threading
 
@@ -242,7 +250,8 @@ def process_state() -> dict[str, Any]:
             "gc_enabled": gc.isenabled(), "gc_counts": list(gc.get_count()),
             "profile_fn": repr(sys.getprofile()), "trace_fn": repr(sys.gettrace()),
             "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
-            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI")}
+            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+            "cpus": sorted(os.sched_getaffinity(0))}
 
 
 def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
@@ -697,10 +706,27 @@ def child_row(proc: subprocess.CompletedProcess[str], hook: str, workload: str,
             "error": f"rc={proc.returncode}: " + " | ".join(err)[-400:]}
 
 
+def cpu_set(args: argparse.Namespace) -> set[int] | None:
+    """--cpus N: the first N CPUs this process may run on (None: no pinning)."""
+    if args.cpus <= 0:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    return set(allowed[: args.cpus])
+
+
+def pinned(args: argparse.Namespace) -> Callable[[], None] | None:
+    """A preexec_fn that puts the child on --cpus' CPUs before it starts."""
+    cpus = cpu_set(args)
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def run_single(args: argparse.Namespace, hook: str, workload: str) -> dict[str, Any]:
     cmd = child_cmd(args, hook, workload)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                              preexec_fn=pinned(args))
     except subprocess.TimeoutExpired as exc:
         proc = subprocess.CompletedProcess(cmd, "timeout", "",
                                            str(exc.stderr or "")[-300:] or "timeout")
@@ -719,7 +745,8 @@ def run_paired(args: argparse.Namespace, hook: str, workload: str) -> dict[str, 
         turn_env, fds = coord.child_env(name)
         procs[name] = subprocess.Popen(child_cmd(args, hook, workload) + extra,
                                        env={**env, **turn_env}, stdout=files[name][0],
-                                       stderr=files[name][1], pass_fds=fds, text=True)
+                                       stderr=files[name][1], pass_fds=fds, text=True,
+                                       preexec_fn=pinned(args))
     coord.started()
     timed_out = False
     try:
@@ -761,6 +788,8 @@ def run_all(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             row = (run_paired if args.paired else run_single)(args, hook, workload)
             row["seconds"] = round(time.perf_counter() - t0, 1)
+            if args.cpus > 0:
+                row["cpus"] = sorted(cpu_set(args) or ())
             rows.append(row)
             print(format_row(row), flush=True)
             if args.out:  # after every process: a run cut short keeps what it measured
