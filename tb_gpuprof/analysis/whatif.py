@@ -112,20 +112,30 @@ class Replay:
     def run(self, fix: Fix, host_scale: float = 1.0) -> float:
         """Replayed window time (us) under ``fix``; host framework time times ``host_scale``."""
         table = self._table or self._prepare()
-        identity = _is_identity(fix)
-        if identity and host_scale in table.identity_runs:  # the base of every prediction
-            return table.identity_runs[host_scale]
+        factor = fix.kernel_factor
+        per_class: np.ndarray | None = None
+        if factor is _NO_FACTOR:
+            durations_key: bytes | None = b""  # x / max(1.0, 1e-6) is x
+        elif fix.by_class:
+            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
+            durations_key = per_class.tobytes()
+        else:
+            durations_key = None  # a factor per kernel: not worth a key
+        # The same durations and rates replay to the same time: a fix whose variants differ
+        # in nothing (input_pipeline), TF32 again under AMP, the base of every prediction.
+        key = (durations_key, fix.framework_rate, fix.outside_rate, fix.data_rate,
+               fix.copy_call_rate, fix.syncs_wait, host_scale)
+        if durations_key is not None and key in table.runs:
+            return table.runs[key]
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0}
         now_of, origin, host_end0 = table.host_times(rates)
-        factor = fix.kernel_factor
-        if factor is _NO_FACTOR:
-            durations = table.durations  # x / max(1.0, 1e-6) is x
-        elif fix.by_class:  # the same divisions, in numpy (IEEE: the same quotients)
-            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
+        if per_class is not None:  # the same divisions, in numpy (IEEE: the same quotients)
             durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
                 per_class[table.class_index], 1e-6)).tolist()
+        elif durations_key is not None:
+            durations = table.durations
         else:
             durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
                          for k in table.kernels]
@@ -152,8 +162,8 @@ class Replay:
             if end > gpu_done:
                 gpu_done = end
         total = max(host_end0 + waited, gpu_done) - origin
-        if identity:
-            table.identity_runs[host_scale] = total
+        if durations_key is not None:
+            table.runs[key] = total
         return total
 
     def _prepare(self) -> _EventTable:
@@ -179,12 +189,6 @@ class Replay:
         return self._table
 
 
-def _is_identity(fix: Fix) -> bool:
-    return (fix.kernel_factor is _NO_FACTOR and fix.framework_rate == 1.0
-            and fix.outside_rate == 1.0 and fix.data_rate == 1.0 and fix.copy_call_rate == 1.0
-            and fix.syncs_wait)
-
-
 KINDS = ("framework", "outside", "data", "copy_call", "sync")
 
 
@@ -204,7 +208,8 @@ class _EventTable:
         self.duration_column = np.array(self.durations, np.float64)
         self.is_sync = np.array([k is None for k in self.kernels], bool)
         self.class_kernels, self.class_index = self._kernel_classes()
-        self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
+        # (durations' key, rates, syncs wait, host scale) -> run's time (Replay.run)
+        self.runs: dict[tuple, float] = {}
         starts, ends = replay.segments.start, replay.segments.end
         self.kind = replay.segments.kind
         self.length = ends - starts
