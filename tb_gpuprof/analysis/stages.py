@@ -101,6 +101,7 @@ class Tally:
     # flop_groups): the op whose FLOPs it shares (-1: none), its row in rows, its duration,
     # whether it is a math kernel, and the kernel-table rows
     flop_entries: FlopEntries | None = None
+    sim_classes: np.ndarray | None = None  # per sim kernel its tally class (tally_activities)
 
 
 @dataclass(slots=True)
@@ -308,8 +309,10 @@ def tally_activities(per_window: list[Assigned]) -> Tally:
         return tally_loop(per_window)
     classes = _Classes()
     cls_of, flop_op, sim_kernels = classes.assign(per_window)
-    return classes.tally(per_window, acts, dur, np.array(cls_of, np.int64),
-                         np.array(flop_op, np.int64), sim_kernels)
+    t = classes.tally(per_window, acts, dur, np.array(cls_of, np.int64),
+                      np.array(flop_op, np.int64), sim_kernels)
+    t.sim_classes = np.array(cls_of, np.int64)
+    return t
 
 
 _DUR, _START = attrgetter("dur_us"), attrgetter("start_us")
@@ -793,7 +796,9 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
     counts = tally.sim_counts
     n = max(1, sum(1 for c in counts if c <= MAX_REPLAY_KERNELS))
-    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n])
+    classes = tally.sim_classes[:counts[n - 1]] if tally.sim_classes is not None else None
+    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n],
+                           classes)
     retime(recs, replay, measured,
            # without an un-profiled time (imported traces) the host is taken at the profiler's
            # typical inflation, as for GPU-bound windows: the trace was profiled all the same
@@ -805,8 +810,10 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
 
 
 def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
-                  windows: list[IterationWindow]) -> Replay | None:
-    """The window ready for what-if re-timing (analysis/whatif.py)."""
+                  windows: list[IterationWindow], classes: np.ndarray | None = None
+                  ) -> Replay | None:
+    """The window ready for what-if re-timing (analysis/whatif.py); ``classes``: the
+    kernels' tally classes (``Tally.sim_classes``)."""
     if not kernels:
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
@@ -823,7 +830,7 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
-                        end_us=hi, glue_max_us=GLUE_MAX_US)
+                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes)
 
 
 def _percentile(values: list[float], q: float) -> float:
