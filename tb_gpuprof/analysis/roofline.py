@@ -296,7 +296,7 @@ def _add_ops(profile: Profile, op_idx: np.ndarray, code: np.ndarray, dur: np.nda
     firsts: dict[int, str] = {}  # per kernel the first precision its ops tell
     for c, g in zip(code.tolist(), group.tolist(), strict=True):
         if c not in firsts and precision[g]:
-            firsts[c] = precision[g]  # type: ignore[assignment]
+            firsts[c] = precision[g]
     for c in np.unique(code).tolist():
         t = t_list[c]
         t.bytes += share_bytes[c]
