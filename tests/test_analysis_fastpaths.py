@@ -52,7 +52,7 @@ def traced(request):
 
 
 def test_the_tally_in_columns_is_the_loop(traced):
-    prof, _, linked = traced
+    _, _, linked = traced
     fast = stages.tally_activities(linked.per_window)
     assert fast.flop_entries is not None or not any(linked.per_window)
     loop = stages.tally_loop(linked.per_window)

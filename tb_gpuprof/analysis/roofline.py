@@ -297,7 +297,8 @@ def _add_ops(profile: Profile, op_idx: np.ndarray, code: np.ndarray, dur: np.nda
     for c, g in zip(code.tolist(), group.tolist(), strict=True):
         if c not in firsts and precision[g]:
             firsts[c] = precision[g]
-    for c in np.unique(code).tolist():
+    # the kernels it touched, ascending (np.unique without indices imports numpy.ma: 20 ms)
+    for c in np.flatnonzero(np.bincount(code, minlength=len(t_list))).tolist():
         t = t_list[c]
         t.bytes += share_bytes[c]
         t.flops += share_flops[c]

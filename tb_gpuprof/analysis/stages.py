@@ -660,7 +660,8 @@ def _share_flops(entries: FlopEntries, op_flops: dict[int, float]) -> None:
     share = (flops[code] * dur / tot[code])[order]
     row = row[order]
     sums = segment_sums(share, row, len(entries.rows)).tolist()
-    for r in np.unique(row).tolist():
+    # the rows it touched, ascending (np.unique without indices imports numpy.ma: 20 ms)
+    for r in np.flatnonzero(np.bincount(row, minlength=len(entries.rows))).tolist():
         k = entries.rows[r]
         k["flops"] = (k["flops"] or 0.0) + sums[r]
 
