@@ -40,7 +40,11 @@ ratio over all blocks (no state matching) for comparison. ``raw_blocks`` keeps e
     python3 benchmarks/bench_hook_overhead.py --all --workload gpt2 --out $OUT/gpt2     # GPU
     python3 benchmarks/bench_hook_overhead.py --all --workload resnet50 --out $OUT/rn50
     python3 benchmarks/bench_hook_overhead.py --all --paired --workload gpt2 --out $OUT/p
+    python3 benchmarks/bench_hook_overhead.py --all --paired --cpus 4 --workload gpt2   # pinned
     python3 benchmarks/bench_hook_overhead.py --all --smoke              # CPU smoke test
+
+``--cpus N`` pins every process (and so the hooks' threads and analysis process) to the same
+N CPUs; gpu/loop_noise.py measures whether that calms the launch-bound loop on a machine.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="default gpt2; with --all: only this workload (default: both)")
     ap.add_argument("--all", action="store_true", help="every hook x workload, one process each")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and counts (CPU check)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="tiny models with the given counts (a CPU study of the harness)")
     ap.add_argument("--block", type=int, default=5, help="iterations per timed block")
     ap.add_argument("--groups", type=int, default=20,
                     help="ABBA groups for the always-on ratio")
@@ -90,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=None, help="a directory for the JSON figures")
     ap.add_argument("--hooks", default=",".join(HOOKS), help="with --all: these hooks")
     ap.add_argument("--timeout", type=float, default=300, help="with --all: per process (s)")
+    ap.add_argument("--cpus", type=int, default=0,
+                    help="with --all: run every process on the first N allowed CPUs (the same "
+                         "ones for a paired run's two processes; the hooks' threads and "
+                         "analysis process inherit them); 0: wherever the OS puts them")
     ap.add_argument("--paired", action="store_true",
                     help="with --all: run each hook's process in turn with a control process "
                          "(bare loop, same framework), block by block, for ratios against "
@@ -106,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.workload = args.workload or "gpt2"
     if args.smoke:
         args.block, args.groups, args.after, args.windows = 3, 1, 6, 2
+    args.tiny_models = args.smoke or args.tiny
     return args
 
 
@@ -228,8 +239,8 @@ def torch_launch_probe() -> Callable[[], float]:
 
 def process_state() -> dict[str, Any]:
     """What a hook could leave changed in the process: its threads, the GC, a profile or
-    trace function, torch's profiler flag, TEARDOWN_CUPTI (recorded before the first window
-    and at the end, to tell a leftover from noise)."""
+    trace function, torch's profiler flag, TEARDOWN_CUPTI, the CPUs it may run on (recorded
+    before the first window and at the end, to tell a leftover from noise)."""
     import gc
     import threading
 
@@ -239,14 +250,15 @@ def process_state() -> dict[str, Any]:
             "gc_enabled": gc.isenabled(), "gc_counts": list(gc.get_count()),
             "profile_fn": repr(sys.getprofile()), "trace_fn": repr(sys.gettrace()),
             "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
-            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI")}
+            "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
+            "cpus": sorted(os.sched_getaffinity(0))}
 
 
 def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
 
     from tb_gpuprof.torch import GpuProfiler
 
-    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
     n = args.block
     logdir = tempfile.mkdtemp(prefix="bench_hook_overhead_")
     for _ in range(3):
@@ -370,7 +382,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
 
     from tb_gpuprof.lightning import GpuProfCallback
 
-    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
     plan = new_plan(args)
     clock = BlockClock(plan, args.block, sync)
     order = [False] * 3 + plan.always_on_order()  # 3 warm-up blocks
@@ -532,7 +544,7 @@ def bench_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     clock = BlockClock(plan, args.block, sync if backend == "torch" else lambda: None)
     # JAX/TF: Keras makes the logs numbers before a batch end, so the step has finished
     order = [False] * 3 + plan.always_on_order()
-    model, x, y = keras_model(keras, args.workload, args.smoke)
+    model, x, y = keras_model(keras, args.workload, args.tiny_models)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     always_on_dir = tempfile.mkdtemp(prefix="bench_keras_on_")
@@ -615,7 +627,7 @@ def bench_control(args: argparse.Namespace) -> dict[str, Any]:
     block whenever it is given a turn, until the treated process has finished."""
     n = args.block
     if not args.hook.startswith("keras-"):
-        _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+        _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
         for _ in range(3):
             timed(lambda: [step() for _ in range(n)])
         plan = new_plan(args)
@@ -630,7 +642,7 @@ def bench_control(args: argparse.Namespace) -> dict[str, Any]:
 
     plan = new_plan(args, torch_process=backend == "torch")
     clock = BlockClock(plan, n, sync if backend == "torch" else lambda: None)
-    model, x, y = keras_model(keras, args.workload, args.smoke)
+    model, x, y = keras_model(keras, args.workload, args.tiny_models)
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
         from_logits=True))
     warm = 3 * n
@@ -672,7 +684,7 @@ def child_cmd(args: argparse.Namespace, hook: str, workload: str) -> list[str]:
     cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--hook", hook,
            "--workload", workload, "--block", str(args.block), "--groups", str(args.groups),
            "--after", str(args.after), "--windows", str(args.windows), "--json"]
-    return cmd + (["--smoke"] if args.smoke else [])
+    return cmd + (["--smoke"] if args.smoke else []) + (["--tiny"] if args.tiny else [])
 
 
 def child_row(proc: subprocess.CompletedProcess[str], hook: str, workload: str,
@@ -694,10 +706,27 @@ def child_row(proc: subprocess.CompletedProcess[str], hook: str, workload: str,
             "error": f"rc={proc.returncode}: " + " | ".join(err)[-400:]}
 
 
+def cpu_set(args: argparse.Namespace) -> set[int] | None:
+    """--cpus N: the first N CPUs this process may run on (None: no pinning)."""
+    if args.cpus <= 0:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    return set(allowed[: args.cpus])
+
+
+def pinned(args: argparse.Namespace) -> Callable[[], None] | None:
+    """A preexec_fn that puts the child on --cpus' CPUs before it starts."""
+    cpus = cpu_set(args)
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def run_single(args: argparse.Namespace, hook: str, workload: str) -> dict[str, Any]:
     cmd = child_cmd(args, hook, workload)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                              preexec_fn=pinned(args))
     except subprocess.TimeoutExpired as exc:
         proc = subprocess.CompletedProcess(cmd, "timeout", "",
                                            str(exc.stderr or "")[-300:] or "timeout")
@@ -716,7 +745,8 @@ def run_paired(args: argparse.Namespace, hook: str, workload: str) -> dict[str, 
         turn_env, fds = coord.child_env(name)
         procs[name] = subprocess.Popen(child_cmd(args, hook, workload) + extra,
                                        env={**env, **turn_env}, stdout=files[name][0],
-                                       stderr=files[name][1], pass_fds=fds, text=True)
+                                       stderr=files[name][1], pass_fds=fds, text=True,
+                                       preexec_fn=pinned(args))
     coord.started()
     timed_out = False
     try:
@@ -758,6 +788,8 @@ def run_all(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             row = (run_paired if args.paired else run_single)(args, hook, workload)
             row["seconds"] = round(time.perf_counter() - t0, 1)
+            if args.cpus > 0:
+                row["cpus"] = sorted(cpu_set(args) or ())
             rows.append(row)
             print(format_row(row), flush=True)
             if args.out:  # after every process: a run cut short keeps what it measured

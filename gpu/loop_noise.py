@@ -5,8 +5,9 @@ on the H200's KVM guest its 5-iteration blocks vary by +-15 %, so a ratio within
 hundreds of blocks. This script times bare blocks under several CPU affinities, alternating
 block by block (so a drift of the machine falls on every condition alike), and prints for
 each: the block mean, the spread of the ratio of one block to the next one of the same
-condition (what a paired comparison sees), thread CPU time over wall time, and how many
-CPUs the training thread ran on. Nothing of tb_gpuprof is imported.
+condition (what a paired comparison sees), thread CPU time over wall time, how many CPUs
+the training thread ran on, and the host probe (overhead_stats.cpu_probe_ms) before each
+block, which tells the host's fast and slow states apart. Nothing of tb_gpuprof is imported.
 
     python3 gpu/loop_noise.py --blocks 80 --out DIR
 """
@@ -26,6 +27,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 
 from bench_hook_overhead import gpt2_step, sync
+from overhead_stats import cpu_probe_ms
 
 
 def steal_jiffies() -> int:
@@ -54,12 +56,14 @@ def run(blocks: int, block: int, smoke: bool) -> dict[str, Any]:
     cpu_share: dict[str, list[float]] = {c: [] for c in conds}
     seen: dict[str, set[int]] = {c: set() for c in conds}
     iters: dict[str, list[float]] = {c: [] for c in conds}
+    probes: dict[str, list[float]] = {c: [] for c in conds}
     steal0, t0 = steal_jiffies(), time.time()
     for _ in range(blocks):
         for name, mask in conds.items():
             os.sched_setaffinity(0, mask)  # the calling thread only (Linux)
             step()  # one untimed iteration after the move
             sync()
+            probes[name].append(cpu_probe_ms())  # the host's speed: ~1.8x apart in two states
             w0, c0 = time.perf_counter(), time.thread_time()
             last = w0
             for _ in range(block):
@@ -88,6 +92,9 @@ def run(blocks: int, block: int, smoke: bool) -> dict[str, Any]:
                                          for q in (0.1, 0.5, 0.9)],
             "thread_cpu_over_wall": round(statistics.fmean(cpu_share[name]), 3),
             "cpus_used": len(seen[name]),
+            "probe_ms_min_median_max": [round(f(probes[name]), 3)
+                                        for f in (min, statistics.median, max)],
+            "probe_ms": [round(x, 3) for x in probes[name]],
             "block_ms": [round(x, 2) for x in t],
         }
     return out
@@ -105,7 +112,8 @@ def main() -> None:
         print(f"{name:10s} {c['block_ms_mean']:7.2f} ms  block cv {c['block_cv']:.3f}  "
               f"next-block ratio sd {c['next_block_ratio_sd']:.3f}  iter p10/50/90 "
               f"{c['iteration_ms_p10_p50_p90']}  cpu/wall {c['thread_cpu_over_wall']}  "
-              f"cpus used {c['cpus_used']} ({c['cpus']})")
+              f"cpus used {c['cpus_used']} ({c['cpus']})  host probe ms "
+              f"{c['probe_ms_min_median_max']}")
     print("steal (CPU s per s):", res["steal_cpu_s_per_s"])
     if args.out:
         os.makedirs(args.out, exist_ok=True)

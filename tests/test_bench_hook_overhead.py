@@ -20,8 +20,9 @@ def test_a_paired_smoke_run_measures_every_phase_and_replays_from_its_record(tmp
     if hook == "lightning":
         pytest.importorskip("lightning")
     out = tmp_path / "out"
+    pin = ["--cpus", "1"] if hook == "torch" else []  # both processes on the first CPU
     proc = subprocess.run([sys.executable, BENCH, "--all", "--smoke", "--paired", "--workload",
-                           "gpt2", "--hooks", hook, "--timeout", "240", "--out", str(out)],
+                           "gpt2", "--hooks", hook, "--timeout", "240", "--out", str(out), *pin],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads((out / "bench_hook_overhead.json").read_text())
@@ -32,6 +33,9 @@ def test_a_paired_smoke_run_measures_every_phase_and_replays_from_its_record(tmp
     assert row["state_before"]["gc_enabled"] and row["state_after"]["gc_enabled"]
     assert row["state_after"]["TEARDOWN_CUPTI"] is None
     assert row["state_after"]["threads"] == ["MainThread"]  # the hooks left no thread behind
+    assert row["state_after"]["cpus"] == row["state_before"]["cpus"]
+    if pin:
+        assert row["cpus"] == row["state_after"]["cpus"] == sorted(os.sched_getaffinity(0))[:1]
     # the control ran in turn: one block before and after each of the treated blocks
     n_treated = 2 * blocks["pairs"] + blocks["during"] + blocks["after"]
     assert len(row["control_blocks"]) >= n_treated - 1

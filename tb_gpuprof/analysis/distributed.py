@@ -15,6 +15,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..model import KERNEL, Profile
+from . import columns
 from .classify import classify_kernel
 from .intervals import Intervals, intersect, length, merge, subtract
 from .rules.build import by_saving
@@ -114,8 +115,12 @@ def _cpu_intervals(profile: Profile) -> tuple[Intervals, Intervals, dict[str, li
 
 
 def _has_communication(profile: Profile) -> bool:
-    return (any(a.kind == KERNEL and classify_kernel(a.name, a.kind).category == "communication"
-                for a in profile.gpu)
+    gpu = profile.gpu  # each distinct kernel name judged once (the report's name columns)
+    kernel_names = {name for name, kind in zip(columns.values(gpu, "name"),
+                                               columns.values(gpu, "kind"), strict=True)
+                    if kind == KERNEL}
+    return (any(classify_kernel(name, KERNEL).category == "communication"
+                for name in kernel_names)
             or any(name.startswith(COMM_RANGE_PREFIXES)
                    for name in {a.name for a in profile.annotations if not a.on_gpu})
             # a trace has few distinct op names: judge each once

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,7 +31,7 @@ from .bottleneck import (
 )
 from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
 from .demangle import demangle
-from .intervals import Coverage
+from .intervals import Coverage, segment_sums
 from .iterations import IterationPlan, IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
 from .rules import SEVERITY_ORDER
@@ -75,6 +76,14 @@ class WindowTally:
     busy: Coverage
 
 
+class FlopEntries(NamedTuple):
+    op: np.ndarray
+    row: np.ndarray
+    dur: np.ndarray
+    is_math: np.ndarray
+    rows: list[dict[str, Any]]
+
+
 @dataclass(slots=True)
 class Tally:
     """Stage 3: every assigned activity classified once and summed."""
@@ -88,6 +97,11 @@ class Tally:
     windows: list[WindowTally]
     sim_kernels: list[SimKernel]
     sim_counts: list[int]  # len(sim_kernels) after each iteration
+    # flop_groups as columns, one entry per activity (tally_activities; tally_loop fills
+    # flop_groups): the op whose FLOPs it shares (-1: none), its row in rows, its duration,
+    # whether it is a math kernel, and the kernel-table rows
+    flop_entries: FlopEntries | None = None
+    sim_classes: np.ndarray | None = None  # per sim kernel its tally class (tally_activities)
 
 
 @dataclass(slots=True)
@@ -284,7 +298,176 @@ def _judge(a: GpuActivity, ctx: LaunchContext | None,
 
 def tally_activities(per_window: list[Assigned]) -> Tally:
     """Classify every assigned activity once and add it to the kernel table, the Tensor Core
-    totals, its iteration's breakdown, the phases and the what-if kernel list."""
+    totals, its iteration's breakdown, the phases and the what-if kernel list.
+
+    One pass in Python gives each activity its class (everything the sums read but its
+    duration); the sums are then numpy's ``add.at`` over the classes' codes, which adds one
+    value after the other in activity order, as the loop (:func:`tally_loop`) did."""
+    acts = [a for w in per_window for a, _ in w]
+    dur = np.fromiter(map(_DUR, acts), np.float64, len(acts))
+    if not np.isfinite(dur).all() or np.signbit(dur).any():
+        return tally_loop(per_window)
+    classes = _Classes()
+    cls_of, flop_op, sim_kernels = classes.assign(per_window)
+    t = classes.tally(per_window, acts, dur, np.array(cls_of, np.int64),
+                      np.array(flop_op, np.int64), sim_kernels)
+    t.sim_classes = np.array(cls_of, np.int64)
+    return t
+
+
+_DUR, _START = attrgetter("dur_us"), attrgetter("start_us")
+_BUCKETS = ("tc", "elig", "other", "memory", "comm", "layout")
+_BREAKDOWN = ("tc_compute", "non_tc_compute", "memory", "communication", "layout")
+_PHASES = (FORWARD, BACKWARD, OPTIMIZER_PHASE)
+
+
+class _Classes:
+    """The classes of a window's activities: everything the tally adds an activity to but
+    its duration (its judgement, kernel-table row, op name, phase), as numpy codes."""
+
+    def __init__(self) -> None:
+        self.judged: dict[tuple, _Judged] = {}  # as tally_loop's classes
+        self.kernels: dict[tuple[str, str], dict[str, Any]] = {}
+        self.rows: list[dict[str, Any]] = []  # the kernel table's rows, in order of making
+        self.row_of: dict[int, int] = {}  # id(row) -> index in rows
+        self.codes: list[tuple[int, ...]] = []  # per class: row, category, buckets, ...; see _new
+        self.sim: list[tuple[str, str, bool, bool]] = []  # category, precision, uses_tc, elig
+        self.categories: dict[str, int] = {}
+        self.precisions: dict[str, int] = {}
+        self.ops: dict[tuple[int, str], int] = {}  # (row, op name) -> code
+
+    def assign(self, per_window: list[Assigned]) -> tuple[list[int], list[int], list[SimKernel]]:
+        """Each activity's class, the op whose FLOPs it shares (-1: none) and its what-if
+        kernel."""
+        index: dict[tuple, int] = {}
+        cls_of: list[int] = []
+        flop_op: list[int] = []
+        sim_kernels: list[SimKernel] = []
+        sim = self.sim
+        for acts in per_window:
+            for a, ctx in acts:
+                if ctx is None:
+                    key: tuple = (a.name, a.kind, a.op_type, a.op)
+                else:
+                    key = (a.name, a.kind, a.op_type, a.op, ctx.eligible, id(ctx.input_types),
+                           ctx.op, ctx.source, ctx.phase)
+                c = index.get(key)
+                if c is None:
+                    c = index[key] = self._new(a, ctx)
+                cls_of.append(c)
+                if ctx is None:
+                    flop_op.append(-1)
+                    sim_kernels.append(SimKernel(a, None, *sim[c]))
+                else:
+                    f = ctx.flop_op
+                    flop_op.append(-1 if f is None else f)
+                    sim_kernels.append(SimKernel(a, ctx.launch_us, *sim[c]))
+        return cls_of, flop_op, sim_kernels
+
+    def _new(self, a: GpuActivity, ctx: LaunchContext | None) -> int:
+        key = (a.name, a.kind, a.op_type, a.op, None) if ctx is None else (
+            a.name, a.kind, a.op_type, a.op, ctx.eligible, id(ctx.input_types))
+        judged = self.judged.get(key)
+        if judged is None:
+            judged = self.judged[key] = _judge(a, ctx, self.kernels)
+        k = judged.row
+        row = self.row_of.get(id(k))
+        if row is None:
+            row = self.row_of[id(k)] = len(self.rows)
+            self.rows.append(k)
+        if ctx is not None and ctx.source and not k["source"]:
+            k["source"] = ctx.source  # the first activity of the row with a source
+        op_name = (ctx.op if ctx else None) or a.op
+        op_code = -1
+        if op_name:
+            op_code = self.ops.setdefault((row, op_name), len(self.ops))
+            k["_ops"].setdefault(op_name, 0.0)  # the ops in order of their first activity
+        cls = judged.cls
+        buckets = [_BUCKETS.index(b) for b in judged.buckets]
+        phase = ctx.phase if ctx is not None else None
+        self.codes.append((
+            row, self.categories.setdefault(cls.category, len(self.categories)),
+            buckets[0], buckets[1] if len(buckets) > 1 else -1,
+            _BREAKDOWN.index(judged.breakdown),
+            self.precisions.setdefault(judged.precision, len(self.precisions))
+            if judged.counts_precision else -1,
+            -1 if phase is None else _PHASES.index(phase), op_code, int(judged.is_math)))
+        self.sim.append((cls.category, judged.precision, cls.uses_tensor_cores, judged.eligible))
+        return len(self.codes) - 1
+
+    def tally(self, per_window: list[Assigned], acts: list[GpuActivity], dur: np.ndarray,
+              cls_of: np.ndarray, flop_op: np.ndarray, sim_kernels: list[SimKernel]) -> Tally:
+        n = len(acts)
+        codes = np.array(self.codes or [(0,) * 9], np.int64).reshape(-1, 9)[cls_of]
+        row, cat, b1, b2, bd, prec, phase, op_code, is_math = codes.T
+        totals = _sums(np.concatenate([b1, b2]), np.concatenate([dur, dur]), len(_BUCKETS),
+                       order=np.argsort(np.concatenate([np.arange(n), np.arange(n)]),
+                                        kind="stable"))
+        phase_us = _sums(phase, dur, len(_PHASES))
+        t = Tally(kernels=self.kernels, flop_groups={},
+                  totals=dict(zip(_BUCKETS, totals.tolist(), strict=True)),
+                  precision_us=dict(zip(self.precisions, _sums(prec, dur, len(
+                      self.precisions)).tolist(), strict=True)),
+                  category_us=dict(zip(self.categories, _sums(cat, dur, len(
+                      self.categories)).tolist(), strict=True)),
+                  phase_us=dict(zip(_PHASES, phase_us.tolist(), strict=True)),
+                  phase_known=bool((phase >= 0).any()), windows=[], sim_kernels=sim_kernels,
+                  sim_counts=np.cumsum([len(w) for w in per_window]).tolist())
+        self._rows(acts, dur, row, op_code)
+        t.flop_entries = FlopEntries(flop_op, row, dur, is_math.astype(bool), self.rows)
+        window = np.repeat(np.arange(len(per_window)), [len(w) for w in per_window])
+        per_bd = _sums(window * len(_BREAKDOWN) + bd, dur,
+                       len(per_window) * len(_BREAKDOWN)).reshape(-1, len(_BREAKDOWN))
+        start = np.fromiter(map(_START, acts), np.float64, n)
+        end = start + dur
+        at = 0
+        for w, sums in zip(per_window, per_bd.tolist(), strict=True):
+            t.windows.append(WindowTally(dict(zip(_BREAKDOWN, sums, strict=True)),
+                                         Coverage.of_columns(start[at:at + len(w)],
+                                                             end[at:at + len(w)])))
+            at += len(w)
+        return t
+
+    def _rows(self, acts: list[GpuActivity], dur: np.ndarray, row: np.ndarray,
+              op_code: np.ndarray) -> None:
+        """Count, total, min, max, bytes and per-op time of every kernel-table row."""
+        r = len(self.rows)
+        count = np.bincount(row, minlength=r).tolist()
+        total = _sums(row, dur, r).tolist()
+        low, high = np.full(r, np.inf), np.full(r, -np.inf)
+        np.minimum.at(low, row, dur)
+        np.maximum.at(high, row, dur)
+        for k, c, tot, lo, hi in zip(self.rows, count, total, low.tolist(), high.tolist(),
+                                     strict=True):
+            k["count"] += c
+            k["total_us"] += tot
+            k["min_us"], k["max_us"] = min(k["min_us"], lo), max(k["max_us"], hi)
+        for i in np.flatnonzero(np.fromiter(map(bool, map(_BYTES, acts)), bool,
+                                            len(acts))).tolist():
+            k = self.rows[row[i]]
+            k["bytes"] = (k["bytes"] or 0) + acts[i].bytes
+        op_us = _sums(op_code, dur, len(self.ops)).tolist()
+        for (at, name), code in self.ops.items():
+            self.rows[at]["_ops"][name] = op_us[code]
+
+
+_BYTES = attrgetter("bytes")
+
+
+def _sums(code: np.ndarray, values: np.ndarray, n: int,
+          order: np.ndarray | None = None) -> np.ndarray:
+    """Per code in 0..n-1, its values added left to right from 0.0 (codes < 0 are left out;
+    ``order``: the order to add them in, else as they come)."""
+    if order is not None:
+        code, values = code[order], values[order]
+    keep = code >= 0
+    return segment_sums(values[keep], code[keep], n)
+
+
+def tally_loop(per_window: list[Assigned]) -> Tally:
+    """:func:`tally_activities` one activity at a time: for durations that are not finite or
+    have their sign bit set (numpy's minimum/maximum order those otherwise than min()/max()),
+    and the reference its columns are tested against."""
     t = Tally(kernels={}, flop_groups={},
               totals={"tc": 0.0, "elig": 0.0, "other": 0.0, "memory": 0.0, "comm": 0.0,
                       "layout": 0.0},
@@ -432,6 +615,8 @@ def _charge_idle(busy: Coverage, w: IterationWindow, idle: float,
 def kernel_table(tally: Tally, op_flops: dict[int, float]) -> KernelTable:
     """The kernel table, longest total first: FLOPs recorded on an op go to the math kernels it
     launched, split by their time; rows are finished (mean, pct, top ops, rounding)."""
+    if tally.flop_entries is not None:
+        _share_flops(tally.flop_entries, op_flops)
     for op_idx, group in tally.flop_groups.items():
         flops = op_flops.get(op_idx, 0.0)
         math = [g for g in group if g[2]]  # casts/copies under a conv op do none of its math
@@ -453,6 +638,32 @@ def kernel_table(tally: Tally, op_flops: dict[int, float]) -> KernelTable:
         for f in ("total_us", "mean_us", "min_us", "max_us"):
             k[f] = round(k[f], 3)
     return KernelTable(kernel_list, gpu_time)
+
+
+def _share_flops(entries: FlopEntries, op_flops: dict[int, float]) -> None:
+    """kernel_table's split of each op's FLOPs over its math kernels, from the columns: the
+    ops in order of their first activity, each op's math kernels in activity order (the
+    order the loop over flop_groups added them in)."""
+    has_op = entries.op >= 0
+    op = entries.op[has_op]
+    if not len(op):
+        return
+    ops, first, code = np.unique(op, return_index=True, return_inverse=True)
+    rank = np.empty(len(ops), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(ops))
+    math = entries.is_math[has_op]  # casts/copies under a conv op do none of its math
+    code, row, dur = code[math], entries.row[has_op][math], entries.dur[has_op][math]
+    tot = segment_sums(dur, code, len(ops))
+    tot = np.where(tot == 0.0, 1.0, tot)  # sum(...) or 1.0
+    flops = np.array([op_flops.get(i, 0.0) for i in ops.tolist()], np.float64)
+    order = np.argsort(rank[code], kind="stable")
+    share = (flops[code] * dur / tot[code])[order]
+    row = row[order]
+    sums = segment_sums(share, row, len(entries.rows)).tolist()
+    # the rows it touched, ascending (np.unique without indices imports numpy.ma: 20 ms)
+    for r in np.flatnonzero(np.bincount(row, minlength=len(entries.rows))).tolist():
+        k = entries.rows[r]
+        k["flops"] = (k["flops"] or 0.0) + sums[r]
 
 
 def unprofiled_median(unprofiled: Any) -> float | None:
@@ -586,7 +797,9 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
     counts = tally.sim_counts
     n = max(1, sum(1 for c in counts if c <= MAX_REPLAY_KERNELS))
-    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n])
+    classes = tally.sim_classes[:counts[n - 1]] if tally.sim_classes is not None else None
+    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n],
+                           classes)
     retime(recs, replay, measured,
            # without an un-profiled time (imported traces) the host is taken at the profiler's
            # typical inflation, as for GPU-bound windows: the trace was profiled all the same
@@ -598,8 +811,10 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
 
 
 def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
-                  windows: list[IterationWindow]) -> Replay | None:
-    """The window ready for what-if re-timing (analysis/whatif.py)."""
+                  windows: list[IterationWindow], classes: np.ndarray | None = None
+                  ) -> Replay | None:
+    """The window ready for what-if re-timing (analysis/whatif.py); ``classes``: the
+    kernels' tally classes (``Tally.sim_classes``)."""
     if not kernels:
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
@@ -616,7 +831,7 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
-                        end_us=hi, glue_max_us=GLUE_MAX_US)
+                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes)
 
 
 def _percentile(values: list[float], q: float) -> float:

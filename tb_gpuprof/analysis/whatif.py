@@ -108,24 +108,36 @@ class Replay:
 
     _table: _EventTable | None = None
     _columns: _KernelColumns | None = None  # the kernels' columns (None: not all finite)
+    # per kernel a class code (build_replay's ``classes``), None: the replay finds them
+    classes: np.ndarray | None = None
 
     def run(self, fix: Fix, host_scale: float = 1.0) -> float:
         """Replayed window time (us) under ``fix``; host framework time times ``host_scale``."""
         table = self._table or self._prepare()
-        identity = _is_identity(fix)
-        if identity and host_scale in table.identity_runs:  # the base of every prediction
-            return table.identity_runs[host_scale]
+        factor = fix.kernel_factor
+        per_class: np.ndarray | None = None
+        if factor is _NO_FACTOR:
+            durations_key: bytes | None = b""  # x / max(1.0, 1e-6) is x
+        elif fix.by_class:
+            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
+            durations_key = per_class.tobytes()
+        else:
+            durations_key = None  # a factor per kernel: not worth a key
+        # The same durations and rates replay to the same time: a fix whose variants differ
+        # in nothing (input_pipeline), TF32 again under AMP, the base of every prediction.
+        key = (durations_key, fix.framework_rate, fix.outside_rate, fix.data_rate,
+               fix.copy_call_rate, fix.syncs_wait, host_scale)
+        if durations_key is not None and key in table.runs:
+            return table.runs[key]
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0}
         now_of, origin, host_end0 = table.host_times(rates)
-        factor = fix.kernel_factor
-        if factor is _NO_FACTOR:
-            durations = table.durations  # x / max(1.0, 1e-6) is x
-        elif fix.by_class:  # the same divisions, in numpy (IEEE: the same quotients)
-            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
+        if per_class is not None:  # the same divisions, in numpy (IEEE: the same quotients)
             durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
                 per_class[table.class_index], 1e-6)).tolist()
+        elif durations_key is not None:
+            durations = table.durations
         else:
             durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
                          for k in table.kernels]
@@ -152,8 +164,8 @@ class Replay:
             if end > gpu_done:
                 gpu_done = end
         total = max(host_end0 + waited, gpu_done) - origin
-        if identity:
-            table.identity_runs[host_scale] = total
+        if durations_key is not None:
+            table.runs[key] = total
         return total
 
     def _prepare(self) -> _EventTable:
@@ -179,12 +191,6 @@ class Replay:
         return self._table
 
 
-def _is_identity(fix: Fix) -> bool:
-    return (fix.kernel_factor is _NO_FACTOR and fix.framework_rate == 1.0
-            and fix.outside_rate == 1.0 and fix.data_rate == 1.0 and fix.copy_call_rate == 1.0
-            and fix.syncs_wait)
-
-
 KINDS = ("framework", "outside", "data", "copy_call", "sync")
 
 
@@ -194,17 +200,26 @@ class _EventTable:
 
     def __init__(self, replay: Replay, times: list[float], index: list[int]) -> None:
         self.index = index
-        # per event: its kernel (None for a sync), its queue (-1 for a sync), its duration
-        self.kernels = [replay.kernels[i] if i >= 0 else None for i in index]
-        queue_of: dict[tuple[int, bool], int] = {}
-        self.queue = [-1 if k is None else queue_of.setdefault(
-            (k.act.device, k.category == "communication"), len(queue_of)) for k in self.kernels]
-        self.queues = len(queue_of)
-        self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
-        self.duration_column = np.array(self.durations, np.float64)
-        self.is_sync = np.array([k is None for k in self.kernels], bool)
-        self.class_kernels, self.class_index = self._kernel_classes()
-        self.identity_runs: dict[float, float] = {}  # host scale -> run(Fix(), scale)
+        self._replay = replay
+        self._kernels: list[SimKernel | None] | None = None
+        # per event: its queue (-1 for a sync), its duration (0.0 for a sync)
+        cols = replay._columns
+        if cols is None:
+            queue_of: dict[tuple[int, bool], int] = {}
+            self.queue = [-1 if k is None else queue_of.setdefault(
+                (k.act.device, k.category == "communication"), len(queue_of))
+                for k in self.kernels]
+            self.queues = len(queue_of)
+            self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
+            self.duration_column = np.array(self.durations, np.float64)
+            self.is_sync = np.array([k is None for k in self.kernels], bool)
+        else:
+            self._from_columns(replay, cols, np.array(index, np.int64))
+        self.class_kernels, self.class_index = (
+            self._kernel_classes() if replay.classes is None or cols is None
+            else self._given_classes(replay.classes))
+        # (durations' key, rates, syncs wait, host scale) -> run's time (Replay.run)
+        self.runs: dict[tuple, float] = {}
         starts, ends = replay.segments.start, replay.segments.end
         self.kind = replay.segments.kind
         self.length = ends - starts
@@ -219,6 +234,42 @@ class _EventTable:
                                if len(starts) else 0.0)
         self.beyond = np.where(self.before, 0.0, np.maximum(probe - ends[safe], 0.0)
                                if len(starts) else 0.0)
+
+    @property
+    def kernels(self) -> list[SimKernel | None]:
+        """Per event its kernel, None for a sync (made when a fix needs it)."""
+        if self._kernels is None:
+            kernels = self._replay.kernels
+            self._kernels = [kernels[i] if i >= 0 else None for i in self.index]
+        return self._kernels
+
+    def _from_columns(self, replay: Replay, cols: _KernelColumns, index: np.ndarray) -> None:
+        """Queues and durations from the kernels' columns: a queue per device and whether
+        the kernel is a collective, numbered in order of first use (as the loop does)."""
+        self.is_sync = index < 0
+        at = index[~self.is_sync]
+        comm = np.fromiter((c == "communication" for c in map(_CATEGORY, replay.kernels)),
+                           bool, len(replay.kernels))
+        key = (cols.stream[at] >> 40) * 2 + comm[at]
+        keys, first, code = np.unique(key, return_index=True, return_inverse=True)
+        rank = np.empty(len(keys), np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(keys))
+        queue = np.full(len(index), -1, np.int64)
+        queue[~self.is_sync] = rank[code]
+        self.queue, self.queues = queue.tolist(), len(keys)
+        self.duration_column = np.zeros(len(index))
+        self.duration_column[~self.is_sync] = cols.dur[at]
+        self.durations = self.duration_column.tolist()
+
+    def _given_classes(self, classes: np.ndarray) -> tuple[list[SimKernel], np.ndarray]:
+        """:meth:`_kernel_classes` from the caller's class codes (kernels of one code agree
+        in everything a by-class factor reads): the first kernel of each code stands for it."""
+        _, first, code = np.unique(classes, return_index=True, return_inverse=True)
+        index = np.array(self.index, np.int64)
+        of_event = np.zeros(len(index), np.int64)
+        of_event[index >= 0] = code[index[index >= 0]]
+        kernels = self._replay.kernels
+        return [kernels[i] for i in first.tolist()], of_event
 
     def _kernel_classes(self) -> tuple[list[SimKernel], np.ndarray]:
         """One kernel standing for each kernel class (Fix.by_class) and each event's class
@@ -284,10 +335,15 @@ def _minus(a: _Columns, b: _Columns) -> _Columns:
 
 def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
-                 start_us: float, end_us: float, glue_max_us: float) -> Replay:
+                 start_us: float, end_us: float, glue_max_us: float,
+                 classes: np.ndarray | None = None) -> Replay:
     """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
     data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
-    work outside ops). In columns: the pieces' ends are picked, never computed."""
+    work outside ops). In columns: the pieces' ends are picked, never computed.
+
+    ``classes``: a class code per kernel, kernels of one code alike in all that
+    :attr:`Fix.by_class` factors read (the tally's classes); without it the replay groups
+    the kernels itself."""
     whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
     d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
     sy = _minus(sy, d)
@@ -308,6 +364,7 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
                     _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
     replay._columns = cols
+    replay.classes = classes
     active = segments.end[segments.kind != KINDS.index("outside")]
     replay.host_end_us = float(active.max()) if len(active) else end_us
     return replay
@@ -316,6 +373,7 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
 _ACT, _LAUNCH_US, _KIND = attrgetter("act"), attrgetter("launch_us"), attrgetter("kind")
 _START_US, _DUR_US = attrgetter("start_us"), attrgetter("dur_us")
 _DEVICE, _STREAM = attrgetter("device"), attrgetter("stream")
+_CATEGORY = attrgetter("category")
 
 
 @dataclass(slots=True)
