@@ -279,3 +279,18 @@ def test_the_stack_sweep_steps_op_by_op_past_a_nan_start():
     _sweep_each_op(frames, slow)
     assert [o.stack for o in fast] == [o.stack for o in slow]
     assert fast[0].stack == ["b.py(1): g", "a.py(1): f"] and fast[1].stack is None
+
+
+def test_tagged_structs_are_not_tracked_by_the_collector():
+    import gc
+
+    events = kineto._TAGGED_DECODER.decode(json.dumps([
+        _x("cpu_op", "aten::mm", 1.0, **{"Input Dims": [[1]], "Input type": ["float"]}),
+        _x("python_function", "a.py(1): f", 1.0), _x("kernel", "k", 1.0, grid=[1, 2, 3]),
+        _x("Operator", "aten::mm", 1.0), {"ph": "s", "cat": "ac2g", "id": 1}]).encode())
+    assert [type(ev).cat for ev in events] == ["cpu_op", "python_function", "kernel",
+                                               "Operator", "ac2g"]
+    for ev in events:
+        assert not gc.is_tracked(ev)
+        if hasattr(ev, "args"):
+            assert not gc.is_tracked(ev.args)
