@@ -4,7 +4,9 @@ A large trace (500 MB, a million events) must parse in seconds and in a fraction
 memory, so the whole JSON tree is never built. Kineto writes one event per ``  {\\n ... \\n  },``
 block; a raw newline can never sit inside a JSON string, so ``\\n<indent>},`` is always an event
 boundary outside strings. We read (and gunzip) the file in blocks, cut each block at its last
-boundary, and decode the batch with msgspec into Structs that declare only the fields we use.
+boundary, and decode the batch with msgspec into one Struct per event category (tagged by
+"cat") that declares only the fields we use of it; a batch those cannot take is decoded into
+one plain Struct for every event.
 A batch that decodes is proof that the cut was right; anything unexpected (a compact one-line
 file, a different indentation, odd JSON) falls back to one full decode of the file - slower,
 still correct. Errors name the file and the problem in one line (:class:`TraceReadError`).
