@@ -27,7 +27,7 @@ from .bottleneck import (
     gpu_intervals,
     is_host_sync,
     is_sync_call,
-    iteration_shares,
+    window_shares,
 )
 from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
 from .demangle import demangle
@@ -760,7 +760,7 @@ def bottleneck_stage(profile: Profile, linked: Linked, windows: list[IterationWi
         return v
 
     gpu_cov = gpu_intervals(profile, is_comm)
-    shares = [iteration_shares(w.start_us, w.end_us, gpu_cov, host) for w in windows]
+    shares = window_shares([(w.start_us, w.end_us) for w in windows], gpu_cov, host)
     section = bottleneck_section(shares, [w.step for w in windows], [w.wall_us for w in windows],
                                  unprofiled_ms=unprofiled_ms, framework=framework)
     section["sync_sites"] = sync_sites(profile, linked.launches, windows, host.blocking)
