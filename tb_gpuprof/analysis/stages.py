@@ -26,7 +26,6 @@ from .bottleneck import (
     bottleneck_section,
     gpu_intervals,
     is_host_sync,
-    is_sync_call,
     window_shares,
 )
 from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
@@ -773,9 +772,11 @@ def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
     (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept."""
     lo, hi = windows[0].start_us, windows[-1].end_us
     sites: dict[tuple[str, str | None], list[float]] = {}
-    for r in profile.runtime:
-        if not lo <= r.start_us < hi or not is_sync_call(r.name, r.correlation, blocking):
-            continue
+    rt = profile.runtime
+    starts = columns.floats(rt, "start_us")
+    # the calls is_sync_call names, inside [lo, hi), in trace order
+    at = np.flatnonzero(sync_call_mask(profile, blocking) & (starts >= lo) & (starts < hi))
+    for r in map(rt.__getitem__, at.tolist()):
         ctx = launches.get(r.correlation) if r.correlation is not None else None
         key = ((ctx.op if ctx and ctx.op else r.name), ctx.source if ctx else None)
         sites.setdefault(key, []).append(r.dur_us)
