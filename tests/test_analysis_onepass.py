@@ -55,3 +55,49 @@ def test_window_shares_are_iteration_shares(traced):
     slow = [iteration_shares(s, e, gpu, host) for s, e in bounds]
     assert [repr(list(d.items())) for d in fast] == [repr(list(d.items())) for d in slow]
     assert any(d["gpu"] > 0 for d in fast) or not prof.gpu
+
+
+def _assign_loop(prof, windows):
+    """assign_to_iterations as it was before branch perf9: an activity at a time."""
+    import numpy as np
+
+    from tb_gpuprof.analysis.classify import is_tc_eligible_op
+    from tb_gpuprof.analysis.linking import link_launches
+
+    launches, _ = link_launches(prof, is_tc_eligible_op)
+    contexts = [launches.get(g.correlation) if g.correlation is not None else None
+                for g in prof.gpu]
+    backlog = np.array([ctx is None and bool(launches) and bool(g.correlation)
+                        for ctx, g in zip(contexts, prof.gpu, strict=True)], bool)
+    starts = np.array([g.start_us for g in prof.gpu], np.float64)
+    launched = np.array([ctx.launch_us if ctx else g.start_us
+                         for ctx, g in zip(contexts, prof.gpu, strict=True)], np.float64)
+    window = stages._window_of(windows, launched)
+    retry = (window < 0) & np.array([ctx is not None for ctx in contexts], bool)
+    window[retry] = stages._window_of(windows, starts[retry])
+    window[backlog] = -1
+    per_window = [[] for _ in windows]
+    for i, wi in enumerate(window.tolist()):
+        if wi >= 0:
+            per_window[wi].append((prof.gpu[i], contexts[i]))
+    stages.align_to_gpu(windows, per_window, [g for g, wi in zip(prof.gpu, window.tolist(),
+                                                                  strict=True) if wi < 0])
+    return per_window
+
+
+def _view(windows, per_window):
+    return (repr([(w.index, w.step, w.start_us, w.end_us) for w in windows]),
+            [[(id(a), None if c is None else (repr(c.launch_us), c.op, c.phase, c.flop_op))
+              for a, c in acts] for acts in per_window])
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_assign_in_columns_is_the_loop(path):
+    prof = load_profile(path)
+    with column_scope():
+        sel = stages.select_iterations(prof, None, None, None)
+        fresh = stages.select_iterations(prof, None, None, None).windows
+        fast = stages.assign_to_iterations(prof, sel.windows).per_window
+    loop = _assign_loop(prof, fresh)
+    assert _view(sel.windows, fast) == _view(fresh, loop)
+    assert sum(map(len, fast)) > 0 or not prof.gpu

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -147,26 +148,40 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     lags the host), then move the windows' bounds to when their GPU work ran (in place)."""
     launches, op_flops = link_launches(profile, is_tc_eligible_op)
     gpu = profile.gpu
+    n = len(gpu)
     correlation = columns.values(gpu, "correlation")
-    contexts = [launches.get(c) if c is not None else None for c in correlation]
-    # Launched before the trace began (e.g. in the profiler's warm-up step): backlog from an
-    # earlier iteration, not work of the one it happens to overlap; left out.
-    backlog = np.fromiter((ctx is None and bool(launches) and bool(c)
-                           for ctx, c in zip(contexts, correlation, strict=True)), bool, len(gpu))
+    contexts: list[LaunchContext | None] = list(map(launches.get, correlation))  # get(None): None
+    linked = np.fromiter(map(is_not, contexts, repeat(None)), bool, n)
     starts = columns.floats(gpu, "start_us")
-    launched = np.fromiter((ctx.launch_us if ctx else s for ctx, s in
-                            zip(contexts, starts.tolist(), strict=True)), np.float64, len(gpu))
+    launched = starts.copy()  # the launch's time, else the activity's own start
+    at = np.flatnonzero(linked)
+    launched[at] = np.fromiter(map(_LAUNCH_US, map(contexts.__getitem__, at.tolist())),
+                               np.float64, len(at))
     window = _window_of(windows, launched)
-    retry = (window < 0) & np.fromiter((ctx is not None for ctx in contexts), bool, len(gpu))
+    retry = (window < 0) & linked
     window[retry] = _window_of(windows, starts[retry])  # launched outside every window
-    window[backlog] = -1
-    per_window: list[Assigned] = [[] for _ in windows]
-    for i, wi in zip(np.flatnonzero(window >= 0).tolist(), window[window >= 0].tolist(),
-                     strict=True):
-        per_window[wi].append((gpu[i], contexts[i]))
+    if launches:
+        # Launched before the trace began (e.g. in the profiler's warm-up step): backlog from
+        # an earlier iteration, not work of the one it happens to overlap; left out.
+        window[~linked & np.fromiter(map(bool, correlation), bool, n)] = -1
+    assigned = np.flatnonzero(window >= 0)
+    order = assigned[np.argsort(window[assigned], kind="stable")]  # by window, then in turn
+    pairs = list(zip(map(gpu.__getitem__, order.tolist()),
+                     map(contexts.__getitem__, order.tolist()), strict=True))
+    bounds = np.cumsum(np.bincount(window[assigned], minlength=len(windows))).tolist()
+    per_window: list[Assigned] = [pairs[a:b] for a, b in zip([0, *bounds[:-1]], bounds,
+                                                               strict=True)]
     host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
-    align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
+    ends = columns.ends(gpu)
+    if np.isfinite(ends).all() and (ends != 0.0).all():
+        _align_columns(windows, per_window, np.split(order, bounds[:-1]), starts, ends,
+                       np.flatnonzero(window < 0))
+    else:  # NaN or signed zeros: max()/min() order them otherwise than numpy
+        align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
     return Linked(launches, op_flops, per_window, host_windows)
+
+
+_LAUNCH_US = attrgetter("launch_us")
 
 
 def _window_of(windows: list[IterationWindow], t: np.ndarray) -> np.ndarray:
@@ -207,6 +222,30 @@ def align_to_gpu(windows: list[IterationWindow], per_window: list[Assigned],
                 w.start_us = max(host_start, min(max(backlog), first.start_us))
             elif ctx is not None:
                 w.start_us = max(host_start, first.start_us - (ctx.launch_us - host_start))
+        w.end_us = max(w.end_us, w.start_us)
+        prev_end = w.end_us
+
+
+def _align_columns(windows: list[IterationWindow], per_window: list[Assigned],
+                   members: list[np.ndarray], starts: np.ndarray, ends: np.ndarray,
+                   unassigned: np.ndarray) -> None:
+    """:func:`align_to_gpu` from the activities' columns (``members``: each window's
+    activities, as indices in trace order), for finite, non-zero ends: the same picks."""
+    prev_end: float | None = None
+    for w, acts, idx in zip(windows, per_window, members, strict=True):
+        host_start = w.start_us
+        if acts:
+            w.end_us = max(w.end_us, float(ends[idx].max()))
+        if prev_end is not None:
+            w.start_us = max(host_start, prev_end)
+        elif acts:
+            k = int(np.argmin(starts[idx]))  # the first of the earliest, as min() picks
+            first_start, ctx = float(starts[idx[k]]), acts[k][1]
+            backlog = ends[unassigned][starts[unassigned] < first_start]
+            if len(backlog):
+                w.start_us = max(host_start, min(float(backlog.max()), first_start))
+            elif ctx is not None:
+                w.start_us = max(host_start, first_start - (ctx.launch_us - host_start))
         w.end_us = max(w.end_us, w.start_us)
         prev_end = w.end_us
 
