@@ -27,7 +27,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import numpy as np
@@ -80,9 +81,8 @@ class HostTimeline:
 def _launch_tids(profile: Profile) -> set[int]:
     """Threads that launch GPU work (at least 1% of the launches)."""
     rt = profile.runtime
-    counts = Counter(tid for tid, corr in zip(columns.values(rt, "tid"),
-                                              columns.values(rt, "correlation"), strict=True)
-                     if corr is not None)
+    counts = Counter(compress(columns.values(rt, "tid"),  # the calls with a correlation
+                              map(is_not, columns.values(rt, "correlation"), repeat(None))))
     total = sum(counts.values())
     return {t for t, n in counts.items() if n >= 0.01 * total}
 
