@@ -2,7 +2,10 @@
 replace, on every real trace in tests/data and ../shared/fixtures: the same floats (compared
 by repr, so -0.0 and NaN count), the same orders.
 
-- ``bottleneck.window_shares`` (every window at once) vs ``bottleneck.iteration_shares``;
+- ``bottleneck.window_shares`` (every window at once) vs ``bottleneck.iteration_shares``,
+  also on windows the report does not make (overlapping, empty, reversed, outside the trace);
+- ``stages.assign_to_iterations`` (columns) vs the loop it replaced (kept here as the
+  reference), through ``stages.align_to_gpu``: the same windows, the same work in each.
 """
 
 from __future__ import annotations
