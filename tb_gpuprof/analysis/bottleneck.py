@@ -27,8 +27,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import compress, repeat
-from operator import attrgetter, is_not
+from itertools import compress
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -81,8 +81,14 @@ class HostTimeline:
 def _launch_tids(profile: Profile) -> set[int]:
     """Threads that launch GPU work (at least 1% of the launches)."""
     rt = profile.runtime
-    counts = Counter(compress(columns.values(rt, "tid"),  # the calls with a correlation
-                              map(is_not, columns.values(rt, "correlation"), repeat(None))))
+    tids = columns.values(rt, "tid")
+    correlated = columns.present(rt, "correlation")
+    if all(type(t) is int and abs(t) < 2**62 for t in set(tids)):  # counted in numpy
+        distinct, _, n = np.unique(np.array(tids, np.int64)[correlated], return_index=True,
+                                   return_counts=True)  # (return_index: no numpy.ma import)
+        counts = dict(zip(distinct.tolist(), n.tolist(), strict=True))
+    else:
+        counts = Counter(compress(tids, correlated.tolist()))
     total = sum(counts.values())
     return {t for t, n in counts.items() if n >= 0.01 * total}
 
@@ -144,13 +150,17 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     starts, ends = columns.floats(items, "start_us"), columns.ends(items)
     names = columns.values(items, "name")
     verdict = {name: is_host_sync(name) for name in set(names)}
-    is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
+    if any(verdict.values()):
+        is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
+    else:  # the usual case for ops: no name is a sync, no pass over them
+        is_sync = np.zeros(n, dtype=bool)
     if blocking:
         is_sync |= np.fromiter(map(blocking.__contains__, columns.values(items, "correlation")),
                                bool, n)
-    if tids:
-        on_host = np.fromiter(map(tids.__contains__, columns.values(items, "tid")), bool, n)
-    else:
+    thread = columns.values(items, "tid")
+    if tids and not tids.issuperset(thread):
+        on_host = np.fromiter(map(tids.__contains__, thread), bool, n)
+    else:  # no launching thread known, or every item on one
         on_host = np.ones(n, dtype=bool)
     sync, other = on_host & is_sync, on_host & ~is_sync
     return (starts[sync], ends[sync]), (starts[other], ends[other])
