@@ -5,7 +5,9 @@ by repr, so -0.0 and NaN count), the same orders.
 - ``bottleneck.window_shares`` (every window at once) vs ``bottleneck.iteration_shares``,
   also on windows the report does not make (overlapping, empty, reversed, outside the trace);
 - ``stages.assign_to_iterations`` (columns) vs the loop it replaced (kept here as the
-  reference), through ``stages.align_to_gpu``: the same windows, the same work in each.
+  reference), through ``stages.align_to_gpu``: the same windows, the same work in each;
+- the times it hands on (``Linked.times``) against the activities' own, and the tally and
+  the replay's kernel columns made from them against those that read the activities.
 """
 
 from __future__ import annotations
@@ -104,3 +106,32 @@ def test_assign_in_columns_is_the_loop(path):
     loop = _assign_loop(prof, fresh)
     assert _view(sel.windows, fast) == _view(fresh, loop)
     assert sum(map(len, fast)) > 0 or not prof.gpu
+
+
+def test_the_times_assign_hands_on_are_the_activities_own(traced):
+    """Linked.times (read once in assign_to_iterations) give the tally and the replay's
+    kernel columns what reading the activities gives them."""
+    import numpy as np
+
+    from tb_gpuprof.analysis.whatif import _KernelColumns
+
+    _, _, linked = traced
+    acts = [(a, c) for w in linked.per_window for a, c in w]
+    times = linked.times
+    assert times is not None and len(times.start) == len(acts)
+    assert times.start.tolist() == [a.start_us for a, _ in acts]
+    assert times.dur.tolist() == [a.dur_us for a, _ in acts]
+    assert times.has_launch.tolist() == [c is not None for _, c in acts]
+    assert times.launch.tolist() == [c.launch_us if c else 0.0 for _, c in acts]
+    given = stages.tally_activities(linked.per_window, times)
+    read = stages.tally_activities(linked.per_window)
+    assert given.times is times
+    assert repr([given.totals, given.category_us, given.precision_us, given.phase_us,
+                 [(w.breakdown_us, w.busy.iv) for w in given.windows]]) == repr(
+        [read.totals, read.category_us, read.precision_us, read.phase_us,
+         [(w.breakdown_us, w.busy.iv) for w in read.windows]])
+    a, b = _KernelColumns.of(given.sim_kernels, times), _KernelColumns.of(read.sim_kernels)
+    assert (a is None) == (b is None)
+    if a is not None:
+        for field in ("start", "dur", "launch", "has_launch", "stream", "is_kernel"):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), field

@@ -36,7 +36,14 @@ from .iterations import IterationPlan, IterationWindow, plan_iterations, select_
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
 from .rules import SEVERITY_ORDER
 from .savings import retime
-from .whatif import GPU_BOUND_HOST_SCALE, Replay, SimKernel, build_replay, calibrate
+from .whatif import (
+    GPU_BOUND_HOST_SCALE,
+    KernelTimes,
+    Replay,
+    SimKernel,
+    build_replay,
+    calibrate,
+)
 
 MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
@@ -67,6 +74,9 @@ class Linked:
     # the iterations' host-side bounds, before align_to_gpu moves them to the GPU's: allocator
     # events are host-side, so the memory section reads these
     host_windows: list[IterationWindow] = field(default_factory=list)
+    # the assigned activities' times in per_window's order (read once, for the tally and the
+    # what-if replay)
+    times: KernelTimes | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +112,7 @@ class Tally:
     # whether it is a math kernel, and the kernel-table rows
     flop_entries: FlopEntries | None = None
     sim_classes: np.ndarray | None = None  # per sim kernel its tally class (tally_activities)
+    times: KernelTimes | None = None  # the activities' times, when assign gave them
 
 
 @dataclass(slots=True)
@@ -172,13 +183,15 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     per_window: list[Assigned] = [pairs[a:b] for a, b in zip([0, *bounds[:-1]], bounds,
                                                                strict=True)]
     host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
+    times = KernelTimes(starts[order], columns.floats(gpu, "dur_us")[order],
+                        np.where(linked, launched, 0.0)[order], linked[order])
     ends = columns.ends(gpu)
     if np.isfinite(ends).all() and (ends != 0.0).all():
         _align_columns(windows, per_window, np.split(order, bounds[:-1]), starts, ends,
                        np.flatnonzero(window < 0))
     else:  # NaN or signed zeros: max()/min() order them otherwise than numpy
         align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
-    return Linked(launches, op_flops, per_window, host_windows)
+    return Linked(launches, op_flops, per_window, host_windows, times)
 
 
 _LAUNCH_US = attrgetter("launch_us")
@@ -334,22 +347,29 @@ def _judge(a: GpuActivity, ctx: LaunchContext | None,
                    a.kind == KERNEL and cat not in COMPUTE_EXCLUDED, is_math)
 
 
-def tally_activities(per_window: list[Assigned]) -> Tally:
+def tally_activities(per_window: list[Assigned], times: KernelTimes | None = None) -> Tally:
     """Classify every assigned activity once and add it to the kernel table, the Tensor Core
     totals, its iteration's breakdown, the phases and the what-if kernel list.
 
     One pass in Python gives each activity its class (everything the sums read but its
     duration); the sums are then numpy's ``add.at`` over the classes' codes, which adds one
-    value after the other in activity order, as the loop (:func:`tally_loop`) did."""
+    value after the other in activity order, as the loop (:func:`tally_loop`) did.
+    ``times``: the activities' time columns (``Linked.times``), not read again."""
     acts = [a for w in per_window for a, _ in w]
-    dur = np.fromiter(map(_DUR, acts), np.float64, len(acts))
+    if times is None or len(times.dur) != len(acts):
+        start = np.fromiter(map(_START, acts), np.float64, len(acts))
+        times = KernelTimes(start, np.fromiter(map(_DUR, acts), np.float64, len(acts)),
+                            np.empty(0), np.empty(0, bool))
+    dur = times.dur
     if not np.isfinite(dur).all() or np.signbit(dur).any():
         return tally_loop(per_window)
     classes = _Classes()
     cls_of, flop_op, sim_kernels = classes.assign(per_window)
-    t = classes.tally(per_window, acts, dur, np.array(cls_of, np.int64),
+    t = classes.tally(per_window, acts, times.start, dur, np.array(cls_of, np.int64),
                       np.array(flop_op, np.int64), sim_kernels)
     t.sim_classes = np.array(cls_of, np.int64)
+    if len(times.launch) == len(acts):
+        t.times = times
     return t
 
 
@@ -433,8 +453,9 @@ class _Classes:
         self.sim.append((cls.category, judged.precision, cls.uses_tensor_cores, judged.eligible))
         return len(self.codes) - 1
 
-    def tally(self, per_window: list[Assigned], acts: list[GpuActivity], dur: np.ndarray,
-              cls_of: np.ndarray, flop_op: np.ndarray, sim_kernels: list[SimKernel]) -> Tally:
+    def tally(self, per_window: list[Assigned], acts: list[GpuActivity], start: np.ndarray,
+              dur: np.ndarray, cls_of: np.ndarray, flop_op: np.ndarray,
+              sim_kernels: list[SimKernel]) -> Tally:
         n = len(acts)
         codes = np.array(self.codes or [(0,) * 9], np.int64).reshape(-1, 9)[cls_of]
         row, cat, b1, b2, bd, prec, phase, op_code, is_math = codes.T
@@ -456,7 +477,6 @@ class _Classes:
         window = np.repeat(np.arange(len(per_window)), [len(w) for w in per_window])
         per_bd = _sums(window * len(_BREAKDOWN) + bd, dur,
                        len(per_window) * len(_BREAKDOWN)).reshape(-1, len(_BREAKDOWN))
-        start = np.fromiter(map(_START, acts), np.float64, n)
         end = start + dur
         at = 0
         for w, sums in zip(per_window, per_bd.tolist(), strict=True):
@@ -838,8 +858,11 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
     counts = tally.sim_counts
     n = max(1, sum(1 for c in counts if c <= MAX_REPLAY_KERNELS))
     classes = tally.sim_classes[:counts[n - 1]] if tally.sim_classes is not None else None
+    times = None
+    if tally.times is not None:
+        times = KernelTimes(*(c[:counts[n - 1]] for c in tally.times))
     replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n],
-                           classes)
+                           classes, times)
     retime(recs, replay, measured,
            # without an un-profiled time (imported traces) the host is taken at the profiler's
            # typical inflation, as for GPU-bound windows: the trace was profiled all the same
@@ -851,10 +874,11 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
 
 
 def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
-                  windows: list[IterationWindow], classes: np.ndarray | None = None
-                  ) -> Replay | None:
+                  windows: list[IterationWindow], classes: np.ndarray | None = None,
+                  times: KernelTimes | None = None) -> Replay | None:
     """The window ready for what-if re-timing (analysis/whatif.py); ``classes``: the
-    kernels' tally classes (``Tally.sim_classes``)."""
+    kernels' tally classes (``Tally.sim_classes``), ``times``: their time columns
+    (``Tally.times``)."""
     if not kernels:
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
@@ -871,7 +895,7 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
-                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes)
+                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes, times=times)
 
 
 def _percentile(values: list[float], q: float) -> float:

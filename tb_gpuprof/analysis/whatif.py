@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from operator import attrgetter
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -333,17 +334,28 @@ def _minus(a: _Columns, b: _Columns) -> _Columns:
     return cut
 
 
+class KernelTimes(NamedTuple):
+    """Columns of the kernels' times the caller already holds, in the kernels' order: the
+    activities' start and duration, the launch's time (0.0 where ``has_launch`` is False)."""
+
+    start: np.ndarray
+    dur: np.ndarray
+    launch: np.ndarray
+    has_launch: np.ndarray
+
+
 def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
                  start_us: float, end_us: float, glue_max_us: float,
-                 classes: np.ndarray | None = None) -> Replay:
+                 classes: np.ndarray | None = None, times: KernelTimes | None = None
+                 ) -> Replay:
     """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
     data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
     work outside ops). In columns: the pieces' ends are picked, never computed.
 
     ``classes``: a class code per kernel, kernels of one code alike in all that
     :attr:`Fix.by_class` factors read (the tally's classes); without it the replay groups
-    the kernels itself."""
+    the kernels itself. ``times``: the kernels' time columns, not read again."""
     whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
     d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
     sy = _minus(sy, d)
@@ -360,7 +372,7 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])
     order = np.argsort(start, kind="stable")  # the pieces are disjoint: no two share a start
     segments = Segments(start[order], end[order], kind[order].astype(np.int64))
-    cols = _KernelColumns.of(kernels)
+    cols = _KernelColumns.of(kernels, times)
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
                     _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
     replay._columns = cols
@@ -389,17 +401,22 @@ class _KernelColumns:
     is_kernel: np.ndarray
 
     @classmethod
-    def of(cls, kernels: Sequence[SimKernel]) -> _KernelColumns | None:
+    def of(cls, kernels: Sequence[SimKernel], times: KernelTimes | None = None
+           ) -> _KernelColumns | None:
         """None when a value is not finite or a stream key is not a small int: the loops
-        below then decide (their comparisons with NaN are not numpy's)."""
+        below then decide (their comparisons with NaN are not numpy's). ``times``: the
+        start, duration and launch columns when the caller has them."""
         n = len(kernels)
         acts = list(map(_ACT, kernels))  # map/attrgetter: C loops, no bytecode per kernel
-        launches = list(map(_LAUNCH_US, kernels))
-        has_launch = np.array([t is not None for t in launches], bool)
         try:
-            start = np.fromiter(map(_START_US, acts), np.float64, n)
-            dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
-            launch = np.array([0.0 if t is None else t for t in launches], np.float64)
+            if times is not None and len(times.start) == n:
+                start, dur, launch, has_launch = times
+            else:
+                launches = list(map(_LAUNCH_US, kernels))
+                has_launch = np.array([t is not None for t in launches], bool)
+                start = np.fromiter(map(_START_US, acts), np.float64, n)
+                dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
+                launch = np.array([0.0 if t is None else t for t in launches], np.float64)
             device = np.fromiter(map(_DEVICE, acts), np.int64, n)
             stream = np.fromiter(map(_STREAM, acts), np.int64, n)
         except (TypeError, OverflowError, ValueError):
