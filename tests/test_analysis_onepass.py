@@ -135,3 +135,52 @@ def test_the_times_assign_hands_on_are_the_activities_own(traced):
     if a is not None:
         for field in ("start", "dur", "launch", "has_launch", "stream", "is_kernel"):
             assert np.array_equal(getattr(a, field), getattr(b, field)), field
+
+
+def test_the_replays_queues_in_columns_are_the_loop(traced):
+    """whatif._Queues.columns (a queue's kernels between syncs at once) vs its loop, on the
+    window's replay under host rates from idle to saturated queues, syncs waiting or not."""
+    from tb_gpuprof.analysis import whatif
+
+    prof, sel, linked = traced
+    tally = stages.tally_activities(linked.per_window, linked.times)
+    replay = stages.window_replay(prof, tally.sim_kernels, host_timeline(prof), sel.windows,
+                                  tally.sim_classes, tally.times)
+    if replay is None:
+        pytest.skip("no GPU work in the window")
+    table = replay._prepare()
+    for scale in (0.0, 0.1, 0.45, 1.0, 3.0):
+        now, origin, _ = table.host_time_column(
+            {"framework": scale, "outside": scale, "data": 1.0, "copy_call": scale})
+        for waits in (True, False):
+            loop = whatif._Queues(origin, table.queues, replay.latency_us, replay.gap_us)
+            loop.loop(now.tolist(), table.queue, table.duration_column.tolist(), waits)
+            cols = whatif._Queues(origin, table.queues, replay.latency_us, replay.gap_us)
+            cols.columns(now, table.queue_column, table.duration_column, waits)
+            assert repr((cols.waited, cols.gpu_done, cols.free)) == repr(
+                (loop.waited, loop.gpu_done, loop.free))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_queue_chain_in_columns_is_the_loop(seed):
+    """whatif._chain against _chain_loop on random queues: idle, saturated and mixed, with
+    ties between a kernel's launch and its queue's ready time (whole microseconds)."""
+    import numpy as np
+
+    from tb_gpuprof.analysis import whatif
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    spacing = [0.0, 0.5, 2.0, 10.0][seed % 4]  # mean launch spacing vs ~2 us kernels
+    if seed % 3 == 0:  # whole numbers: exact ties
+        begin = np.cumsum(rng.integers(0, 2 * int(spacing) + 2, n)).astype(np.float64)
+        dur = rng.integers(0, 5, n).astype(np.float64)
+        gap = float(seed % 2)
+    else:
+        begin = 1e6 + np.cumsum(rng.exponential(spacing + 1e-3, n))
+        dur = rng.exponential(2.0, n)
+        gap = [0.0, 0.3, 1.7][seed % 3]
+    ready0 = float(begin[0] + rng.normal(0, 5))
+    fast = whatif._chain(begin, dur, ready0, gap)
+    slow = whatif._chain_loop(begin, dur, ready0, gap)
+    assert fast.tolist() == slow.tolist()

@@ -133,37 +133,22 @@ class Replay:
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0}
-        now_of, origin, host_end0 = table.host_times(rates)
+        now, origin, host_end0 = table.host_time_column(rates)
         if per_class is not None:  # the same divisions, in numpy (IEEE: the same quotients)
             durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
-                per_class[table.class_index], 1e-6)).tolist()
+                per_class[table.class_index], 1e-6))
         elif durations_key is not None:
-            durations = table.durations
+            durations = table.duration_column
         else:
-            durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
-                         for k in table.kernels]
-        waited = 0.0
-        # the window opens when the GPU finished earlier work: nothing of it starts before.
-        # One queue per device (compute kernels on side streams rarely overlap in training,
-        # and the trace keeps no cross-stream dependencies), collectives on their own.
-        free = [origin] * table.queues
-        gpu_done = float("-inf")
-        latency = self.latency_us
-        gap = self.gap_us
-        syncs_wait = fix.syncs_wait
-        for now0, queue, dur in zip(now_of, table.queue, durations, strict=True):
-            if queue < 0:  # a host sync: wait for all work launched before it
-                if syncs_wait and gpu_done > now0 + waited:
-                    waited += gpu_done - (now0 + waited)
-                continue
-            begin = now0 + waited + latency  # max(now + latency, free + gap), as max() picks
-            ready = free[queue] + gap
-            if ready > begin:
-                begin = ready
-            end = begin + dur
-            free[queue] = end
-            if end > gpu_done:
-                gpu_done = end
+            durations = np.array([k.act.dur_us / max(factor(k), 1e-6) if k is not None
+                                  else 0.0 for k in table.kernels], np.float64)
+        queue = table.queue_column
+        state = _Queues(origin, table.queues, self.latency_us, self.gap_us)
+        if not (np.isfinite(now).all() and np.isfinite(durations).all()):
+            state.loop(now.tolist(), table.queue, durations.tolist(), fix.syncs_wait)
+        else:
+            state.columns(now, queue, durations, fix.syncs_wait)
+        waited, gpu_done = state.waited, state.gpu_done
         total = max(host_end0 + waited, gpu_done) - origin
         if durations_key is not None:
             table.runs[key] = total
@@ -192,6 +177,119 @@ class Replay:
         return self._table
 
 
+class _Queues:
+    """The GPU's queues during a replay: each kernel starts at its launch (the host's time
+    plus what syncs made it wait, plus the launch latency) or when its queue is free again
+    (plus the queue's gap), whichever is later; a sync waits for all work launched before it
+    (``syncs_wait``)."""
+
+    def __init__(self, origin: float, queues: int, latency: float, gap: float) -> None:
+        self.free = [origin] * queues  # the window opens when the GPU finished earlier work
+        self.latency, self.gap = latency, gap
+        self.waited = 0.0
+        self.gpu_done = float("-inf")
+
+    def loop(self, now_of: list[float], queues: list[int], durations: list[float],
+             syncs_wait: bool) -> None:
+        """One event at a time (the reference; NaN and infinities take it)."""
+        free, latency, gap = self.free, self.latency, self.gap
+        waited, gpu_done = self.waited, self.gpu_done
+        for now0, queue, dur in zip(now_of, queues, durations, strict=True):
+            if queue < 0:  # a host sync: wait for all work launched before it
+                if syncs_wait and gpu_done > now0 + waited:
+                    waited += gpu_done - (now0 + waited)
+                continue
+            begin = now0 + waited + latency  # max(now + latency, free + gap), as max() picks
+            ready = free[queue] + gap
+            if ready > begin:
+                begin = ready
+            end = begin + dur
+            free[queue] = end
+            if end > gpu_done:
+                gpu_done = end
+        self.waited, self.gpu_done = waited, gpu_done
+
+    def columns(self, now: np.ndarray, queue: np.ndarray, dur: np.ndarray,
+                syncs_wait: bool) -> None:
+        """:meth:`loop` for finite times, a queue's kernels between two syncs at once
+        (:func:`_chain`); the syncs in turn, as the loop."""
+        syncs = np.flatnonzero(queue < 0).tolist() if syncs_wait else []
+        lo = 0
+        for stop in [*syncs, len(queue)]:
+            if stop > lo:
+                self._stretch(lo, now[lo:stop], queue[lo:stop], dur[lo:stop])
+            if stop < len(queue):
+                now0 = float(now[stop])
+                if self.gpu_done > now0 + self.waited:
+                    self.waited += self.gpu_done - (now0 + self.waited)
+            lo = stop + 1
+
+    def _stretch(self, lo: int, now: np.ndarray, queue: np.ndarray, dur: np.ndarray) -> None:
+        for q in range(len(self.free)):
+            at = np.flatnonzero(queue == q) if len(self.free) > 1 else np.flatnonzero(queue >= 0)
+            if not len(at):
+                continue
+            begin = (now[at] + self.waited) + self.latency
+            end = _chain(begin, dur[at], self.free[q] + self.gap, self.gap)
+            self.free[q] = float(end[-1])
+            done = float(end.max())
+            if done > self.gpu_done:
+                self.gpu_done = done
+
+
+_CHAIN_KERNELS_PER_RUN = 16  # fewer kernels per run of queued ones: the loop is as fast
+
+
+def _chain(begin: np.ndarray, dur: np.ndarray, ready0: float, gap: float) -> np.ndarray:
+    """The ends of one queue's kernels: ``end[i] = max(begin[i], ready[i]) + dur[i]`` with
+    ``ready[0] = ready0`` and ``ready[i] = end[i - 1] + gap`` (the ready time wins only when
+    later, as the loop picks). Which kernels wait for the queue is guessed in real arithmetic
+    (a running maximum over cumulative sums), each run of waiting kernels is then added left
+    to right (``np.add.accumulate``: the loop's floats) and every guess checked against the
+    ends it gave; a wrong guess, or too many runs, takes the loop."""
+    n = len(begin)
+    step = gap + dur
+    before = np.cumsum(step) - step  # ~ the sum of the steps before each kernel
+    offset = begin - gap - before
+    lead = np.maximum.accumulate(np.concatenate(([ready0 - gap], offset)))[:-1]
+    fresh = offset >= lead  # a kernel that starts at its own begin (the queue was idle)
+    end = np.empty(n)
+    end[fresh] = begin[fresh] + dur[fresh]
+    heads = np.flatnonzero(fresh)
+    starts = np.concatenate(([0], heads)) if not (n and fresh[0]) else heads
+    bounds = np.append(starts, n)
+    runs = np.flatnonzero(np.diff(bounds) > 1)  # stretches with kernels that queued
+    if len(runs) > max(8, n // _CHAIN_KERNELS_PER_RUN):
+        return _chain_loop(begin, dur, ready0, gap)
+    if n and not fresh[0]:
+        end[0] = ready0 + dur[0]
+    for r in runs.tolist():
+        a, b = int(bounds[r]), int(bounds[r + 1])
+        terms = np.empty(2 * (b - a) - 1)
+        terms[0] = end[a]
+        terms[1::2] = gap
+        terms[2::2] = dur[a + 1:b]
+        end[a + 1:b] = np.add.accumulate(terms)[2::2]
+    ready = np.concatenate(([ready0], end[:-1] + gap))
+    if not np.array_equal(fresh, ~(ready > begin)) or (end == 0.0).any():
+        return _chain_loop(begin, dur, ready0, gap)  # a guess was wrong (or signed zeros)
+    return end
+
+
+def _chain_loop(begin: np.ndarray, dur: np.ndarray, ready0: float, gap: float
+                ) -> np.ndarray:
+    """:func:`_chain` one kernel at a time."""
+    out = []
+    ready = ready0
+    for b, d in zip(begin.tolist(), dur.tolist(), strict=True):
+        if ready > b:
+            b = ready
+        end = b + d
+        out.append(end)
+        ready = end + gap
+    return np.array(out, np.float64)
+
+
 KINDS = ("framework", "outside", "data", "copy_call", "sync")
 
 
@@ -203,6 +301,7 @@ class _EventTable:
         self.index = index
         self._replay = replay
         self._kernels: list[SimKernel | None] | None = None
+        self._queue_column: np.ndarray | None = None
         # per event: its queue (-1 for a sync), its duration (0.0 for a sync)
         cols = replay._columns
         if cols is None:
@@ -292,14 +391,26 @@ class _EventTable:
 
     def host_times(self, rates: dict[str, float]) -> tuple[list[float], float, float]:
         """Replayed host time of every event, of the window's start and of the host's end."""
+        at, origin, host_end = self.host_time_column(rates)
+        return at.tolist(), origin, host_end
+
+    def host_time_column(self, rates: dict[str, float]) -> tuple[np.ndarray, float, float]:
+        """:meth:`host_times` with the events' times as a column."""
         if not len(self.kind):
-            lead = self.lead.tolist()
-            return lead[:-2], lead[-2], lead[-1]
-        rate = np.array([rates.get(k, 1.0) for k in KINDS])[self.kind]
-        cum = np.concatenate(([0.0], np.cumsum(self.length * rate)))
-        at = cum[self.seg] + self.within * rate[self.seg] + self.beyond
-        at = np.where(self.before, self.lead, at).tolist()
-        return at[:-2], at[-2], at[-1]
+            lead = self.lead
+        else:
+            rate = np.array([rates.get(k, 1.0) for k in KINDS])[self.kind]
+            cum = np.concatenate(([0.0], np.cumsum(self.length * rate)))
+            at = cum[self.seg] + self.within * rate[self.seg] + self.beyond
+            lead = np.where(self.before, self.lead, at)
+        return lead[:-2], float(lead[-2]), float(lead[-1])
+
+    @property
+    def queue_column(self) -> np.ndarray:
+        """:attr:`queue` as an int64 column (made once)."""
+        if self._queue_column is None:
+            self._queue_column = np.array(self.queue, np.int64)
+        return self._queue_column
 
 
 @dataclass(slots=True)
