@@ -144,7 +144,8 @@ class Replay:
                                   else 0.0 for k in table.kernels], np.float64)
         queue = table.queue_column
         state = _Queues(origin, table.queues, self.latency_us, self.gap_us)
-        if not (np.isfinite(now).all() and np.isfinite(durations).all()):
+        if not (np.isfinite(now).all() and np.isfinite(durations).all()
+                and np.isfinite([origin, self.latency_us, self.gap_us]).all()):
             state.loop(now.tolist(), table.queue, durations.tolist(), fix.syncs_wait)
         else:
             state.columns(now, queue, durations, fix.syncs_wait)
@@ -232,6 +233,11 @@ class _Queues:
             begin = (now[at] + self.waited) + self.latency
             end = _chain(begin, dur[at], self.free[q] + self.gap, self.gap)
             self.free[q] = float(end[-1])
+            if (end == 0.0).any():  # max() keeps the first of 0.0 and -0.0, numpy may not
+                for done in end.tolist():
+                    if done > self.gpu_done:
+                        self.gpu_done = done
+                continue
             done = float(end.max())
             if done > self.gpu_done:
                 self.gpu_done = done
