@@ -20,6 +20,10 @@ def test_inside_a_scope_a_column_is_read_once_and_shared():
         assert columns.ends(ops).tolist() == [o.start_us + o.dur_us for o in ops]
         assert columns.values(ops, "name") == tuple(o.name for o in ops)
         assert columns.ints(ops, "tid").tolist() == [o.tid for o in ops]
+        ops[3].external_id, ops[7].external_id = 0, 12  # 0 is present, None is not
+        assert columns.present(ops, "external_id").tolist() == [
+            o.external_id is not None for o in ops]
+        assert columns.present(ops, "external_id").sum() == 2
         with pytest.raises(ValueError):  # shared, so nobody may write into it
             first[0] = 1.0
         ops.append(CpuOp("aten::late", 99.0, 1.0))  # the list changed: read again

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import compress
 from operator import attrgetter
 from typing import Any
 
@@ -34,7 +35,15 @@ import numpy as np
 
 from ..model import DATALOADER, KERNEL, OPTIMIZER, STEP, Profile
 from . import columns
-from .intervals import Coverage, Intervals, length, merge, segment_sums, subtract
+from .intervals import (
+    Coverage,
+    Intervals,
+    length,
+    merge,
+    segment_sums,
+    subtract,
+    subtract_columns,
+)
 
 CLASSES = ("gpu", "copy", "communication", "dispatch", "host", "data_wait", "sync")
 GLUE_MAX_US = 500.0  # op-less host stretches shorter than this are glue between ops (Python
@@ -72,9 +81,14 @@ class HostTimeline:
 def _launch_tids(profile: Profile) -> set[int]:
     """Threads that launch GPU work (at least 1% of the launches)."""
     rt = profile.runtime
-    counts = Counter(tid for tid, corr in zip(columns.values(rt, "tid"),
-                                              columns.values(rt, "correlation"), strict=True)
-                     if corr is not None)
+    tids = columns.values(rt, "tid")
+    correlated = columns.present(rt, "correlation")
+    if all(type(t) is int and abs(t) < 2**62 for t in set(tids)):  # counted in numpy
+        distinct, _, n = np.unique(np.array(tids, np.int64)[correlated], return_index=True,
+                                   return_counts=True)  # (return_index: no numpy.ma import)
+        counts = dict(zip(distinct.tolist(), n.tolist(), strict=True))
+    else:
+        counts = Counter(compress(tids, correlated.tolist()))
     total = sum(counts.values())
     return {t for t, n in counts.items() if n >= 0.01 * total}
 
@@ -136,13 +150,17 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     starts, ends = columns.floats(items, "start_us"), columns.ends(items)
     names = columns.values(items, "name")
     verdict = {name: is_host_sync(name) for name in set(names)}
-    is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
+    if any(verdict.values()):
+        is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
+    else:  # the usual case for ops: no name is a sync, no pass over them
+        is_sync = np.zeros(n, dtype=bool)
     if blocking:
         is_sync |= np.fromiter(map(blocking.__contains__, columns.values(items, "correlation")),
                                bool, n)
-    if tids:
-        on_host = np.fromiter(map(tids.__contains__, columns.values(items, "tid")), bool, n)
-    else:
+    thread = columns.values(items, "tid")
+    if tids and not tids.issuperset(thread):
+        on_host = np.fromiter(map(tids.__contains__, thread), bool, n)
+    else:  # no launching thread known, or every item on one
         on_host = np.ones(n, dtype=bool)
     sync, other = on_host & is_sync, on_host & ~is_sync
     return (starts[sync], ends[sync]), (starts[other], ends[other])
@@ -189,6 +207,86 @@ def iteration_shares(start: float, end: float, gpu: tuple[Coverage, Coverage, Co
         for cls, parts in _charge_gaps(np.array(gaps, np.float64), host).items():
             out[cls] = float(np.cumsum(parts)[-1])
     return out
+
+
+def window_shares(bounds: Sequence[tuple[float, float]],
+                  gpu: tuple[Coverage, Coverage, Coverage], host: HostTimeline
+                  ) -> list[dict[str, float]]:
+    """:func:`iteration_shares` of every window [start, end) at once, with the same floats.
+
+    Each window's copies are its copies minus its compute, which is the window's part of all
+    copies minus all compute (and likewise for collectives and the busy union): the same
+    set, and both are merged lists of picked ends, so the same intervals. So the differences
+    are taken once over the whole trace and then cut at the window bounds in columns; every
+    gap of every window is charged in one :func:`_charge_gaps` call (per gap, as before) and
+    each window's sums run over its pieces left to right (segment_sums). Windows with
+    ``end <= start`` go through iteration_shares (their cut may keep empty pieces)."""
+    n = len(bounds)
+    out = [dict.fromkeys(CLASSES, 0.0) for _ in range(n)]
+    ws = np.array([b[0] for b in bounds], np.float64)
+    we = np.array([b[1] for b in bounds], np.float64)
+    regular = np.flatnonzero(we > ws)
+    for i in np.flatnonzero(~(we > ws)).tolist():
+        out[i] = iteration_shares(bounds[i][0], bounds[i][1], gpu, host)
+    if not len(regular):
+        return out
+    ws, we = ws[regular], we[regular]
+    m = len(regular)
+    copies = _difference(gpu[1], gpu[0])
+    comm = _difference(_difference(gpu[2], gpu[0]), copies)
+    sums: dict[str, list[float | int]] = {}
+    for cls, cov in (("gpu", gpu[0]), ("copy", copies), ("communication", comm)):
+        q, ps, pe = cov.clip_columns(ws, we)
+        total = segment_sums(np.where(0.0 > pe - ps, 0.0, pe - ps), q, m).tolist()
+        # length() of no pieces is sum([]): the int 0
+        sums[cls] = [t if c else 0 for t, c in zip(total, np.bincount(q, minlength=m).tolist(),
+                                                   strict=True)]
+    busy = Coverage.of_arrays(*(np.concatenate([c.arrays()[k] for c in (gpu[0], copies, comm)])
+                                for k in (0, 1)))
+    gap_q, gs, ge = _complements(busy, ws, we)
+    charged: dict[str, list[float]] = {}
+    has_gaps = np.bincount(gap_q, minlength=m) > 0
+    if len(gap_q):
+        charged = {cls: segment_sums(parts, gap_q, m).tolist()
+                   for cls, parts in _charge_gaps(np.stack([gs, ge], axis=1), host).items()}
+    for k, i in enumerate(regular.tolist()):
+        shares = out[i]
+        for cls, per_window in sums.items():
+            shares[cls] = per_window[k]
+        if has_gaps[k]:
+            for cls, per_window in charged.items():
+                shares[cls] = per_window[k]
+    return out
+
+
+def _difference(a: Coverage, b: Coverage) -> Coverage:
+    """``a`` minus ``b`` as a columnar Coverage (subtract's pieces: picked ends)."""
+    sa, ea, _ = a.arrays()
+    sb, eb, _ = b.arrays()
+    cut = subtract_columns(sa, ea, sb, eb)
+    if cut is None:  # not reached: a Coverage's intervals are sorted and disjoint
+        return Coverage(subtract(a.iv, b.iv))
+    return Coverage.of_arrays(*cut)
+
+
+def _complements(cov: Coverage, ws: np.ndarray, we: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per window [ws, we) (we > ws) what ``cov`` leaves of it: (window, start, end), each
+    window's gaps in order, as ``subtract([(start, end)], cov.clip(start, end))`` gives."""
+    m = len(ws)
+    q, ps, pe = cov.clip_columns(ws, we)
+    # per window the gap before each piece (from the window's start or the piece before),
+    # then the one after its last piece
+    new = np.r_[True, q[1:] != q[:-1]] if len(q) else np.empty(0, dtype=bool)
+    before = np.where(new, ws[q], np.r_[0.0, pe[:-1]] if len(pe) else pe)
+    last = np.full(m, -1)
+    last[q] = np.arange(len(q))
+    tail = np.where(last >= 0, pe[last] if len(pe) else ws, ws)
+    gq = np.concatenate([q, np.arange(m)])
+    gs, ge = np.concatenate([before, tail]), np.concatenate([ps, we])
+    keep = ge > gs
+    order = np.argsort(gq[keep], kind="stable")
+    return gq[keep][order], gs[keep][order], ge[keep][order]
 
 
 _HOST_CLASSES = ("data_wait", "host", "sync", "dispatch")
@@ -373,4 +471,4 @@ def bottleneck_section(per_iteration: Sequence[dict[str, float]], steps: Iterabl
 
 
 __all__ = ["CLASSES", "HostTimeline", "bottleneck_section", "gpu_intervals", "host_timeline",
-           "is_host_sync", "iteration_shares"]
+           "is_host_sync", "iteration_shares", "window_shares"]

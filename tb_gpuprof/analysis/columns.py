@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,15 @@ def ints(items: Sequence[Any], attr: str) -> np.ndarray:
 def values(items: Sequence[Any], attr: str) -> tuple[Any, ...]:
     """``attr`` of every item as a tuple of the objects themselves (name, correlation)."""
     return _cached(items, "obj:" + attr, lambda: tuple(map(attrgetter(attr), items)))
+
+
+def present(items: Sequence[Any], attr: str) -> np.ndarray:
+    """Whether ``attr`` of each item is not None (correlation), as a bool column."""
+    def read() -> np.ndarray:
+        col = np.fromiter(map(is_not, values(items, attr), repeat(None)), bool, len(items))
+        col.flags.writeable = False
+        return col
+    return _cached(items, "present:" + attr, read)
 
 
 def ends(items: Sequence[Any]) -> np.ndarray:

@@ -9,8 +9,7 @@ containment search, so million-event traces stay fast.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import repeat
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -139,8 +138,7 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
 def _launches_by_thread(rt: list[RuntimeCall]) -> dict[Any, np.ndarray]:
     """The correlated runtime calls (their indices, ascending) of each thread, threads in
     the order of their first such call."""
-    correlated = np.flatnonzero(np.fromiter(
-        map(is_not, columns.values(rt, "correlation"), repeat(None)), bool, len(rt)))
+    correlated = np.flatnonzero(columns.present(rt, "correlation"))
     tids = columns.values(rt, "tid")
     if not all(type(t) is int and abs(t) < 2**62 for t in set(tids)):  # any hashable: a dict
         launches: dict[Any, list[int]] = {}

@@ -60,7 +60,7 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
     unprofiled = env.pop("unprofiled", None)
     sel = select_iterations(profile, key, iter_start, iter_stop)
     linked = assign_to_iterations(profile, sel.windows)
-    tally = tally_activities(linked.per_window)
+    tally = tally_activities(linked.per_window, linked.times)
     host = host_timeline(profile)  # what the host threads did: idle, bottleneck and savings read it
     idle = attribute_idle(profile, sel.windows, tally.windows, host.blocking)
     forget(profile.cpu_ops)  # its last column reader: the ops' coverage

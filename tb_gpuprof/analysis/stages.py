@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -26,8 +27,7 @@ from .bottleneck import (
     bottleneck_section,
     gpu_intervals,
     is_host_sync,
-    is_sync_call,
-    iteration_shares,
+    window_shares,
 )
 from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
 from .demangle import demangle
@@ -36,7 +36,14 @@ from .iterations import IterationPlan, IterationWindow, plan_iterations, select_
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
 from .rules import SEVERITY_ORDER
 from .savings import retime
-from .whatif import GPU_BOUND_HOST_SCALE, Replay, SimKernel, build_replay, calibrate
+from .whatif import (
+    GPU_BOUND_HOST_SCALE,
+    KernelTimes,
+    Replay,
+    SimKernel,
+    build_replay,
+    calibrate,
+)
 
 MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
 PROFILER_OVERHEAD_WARN = 1.2  # window median / un-profiled median above this: say so
@@ -67,6 +74,9 @@ class Linked:
     # the iterations' host-side bounds, before align_to_gpu moves them to the GPU's: allocator
     # events are host-side, so the memory section reads these
     host_windows: list[IterationWindow] = field(default_factory=list)
+    # the assigned activities' times in per_window's order (read once, for the tally and the
+    # what-if replay)
+    times: KernelTimes | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +112,7 @@ class Tally:
     # whether it is a math kernel, and the kernel-table rows
     flop_entries: FlopEntries | None = None
     sim_classes: np.ndarray | None = None  # per sim kernel its tally class (tally_activities)
+    times: KernelTimes | None = None  # the activities' times, when assign gave them
 
 
 @dataclass(slots=True)
@@ -148,26 +159,42 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     lags the host), then move the windows' bounds to when their GPU work ran (in place)."""
     launches, op_flops = link_launches(profile, is_tc_eligible_op)
     gpu = profile.gpu
+    n = len(gpu)
     correlation = columns.values(gpu, "correlation")
-    contexts = [launches.get(c) if c is not None else None for c in correlation]
-    # Launched before the trace began (e.g. in the profiler's warm-up step): backlog from an
-    # earlier iteration, not work of the one it happens to overlap; left out.
-    backlog = np.fromiter((ctx is None and bool(launches) and bool(c)
-                           for ctx, c in zip(contexts, correlation, strict=True)), bool, len(gpu))
+    contexts: list[LaunchContext | None] = list(map(launches.get, correlation))  # get(None): None
+    linked = np.fromiter(map(is_not, contexts, repeat(None)), bool, n)
     starts = columns.floats(gpu, "start_us")
-    launched = np.fromiter((ctx.launch_us if ctx else s for ctx, s in
-                            zip(contexts, starts.tolist(), strict=True)), np.float64, len(gpu))
+    launched = starts.copy()  # the launch's time, else the activity's own start
+    at = np.flatnonzero(linked)
+    launched[at] = np.fromiter(map(_LAUNCH_US, map(contexts.__getitem__, at.tolist())),
+                               np.float64, len(at))
     window = _window_of(windows, launched)
-    retry = (window < 0) & np.fromiter((ctx is not None for ctx in contexts), bool, len(gpu))
+    retry = (window < 0) & linked
     window[retry] = _window_of(windows, starts[retry])  # launched outside every window
-    window[backlog] = -1
-    per_window: list[Assigned] = [[] for _ in windows]
-    for i, wi in zip(np.flatnonzero(window >= 0).tolist(), window[window >= 0].tolist(),
-                     strict=True):
-        per_window[wi].append((gpu[i], contexts[i]))
+    if launches:
+        # Launched before the trace began (e.g. in the profiler's warm-up step): backlog from
+        # an earlier iteration, not work of the one it happens to overlap; left out.
+        window[~linked & np.fromiter(map(bool, correlation), bool, n)] = -1
+    assigned = np.flatnonzero(window >= 0)
+    order = assigned[np.argsort(window[assigned], kind="stable")]  # by window, then in turn
+    pairs = list(zip(map(gpu.__getitem__, order.tolist()),
+                     map(contexts.__getitem__, order.tolist()), strict=True))
+    bounds = np.cumsum(np.bincount(window[assigned], minlength=len(windows))).tolist()
+    per_window: list[Assigned] = [pairs[a:b] for a, b in zip([0, *bounds[:-1]], bounds,
+                                                               strict=True)]
     host_windows = [IterationWindow(w.index, w.step, w.start_us, w.end_us) for w in windows]
-    align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
-    return Linked(launches, op_flops, per_window, host_windows)
+    times = KernelTimes(starts[order], columns.floats(gpu, "dur_us")[order],
+                        np.where(linked, launched, 0.0)[order], linked[order])
+    ends = columns.ends(gpu)
+    if np.isfinite(ends).all() and (ends != 0.0).all():
+        _align_columns(windows, per_window, np.split(order, bounds[:-1]), starts, ends,
+                       np.flatnonzero(window < 0))
+    else:  # NaN or signed zeros: max()/min() order them otherwise than numpy
+        align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
+    return Linked(launches, op_flops, per_window, host_windows, times)
+
+
+_LAUNCH_US = attrgetter("launch_us")
 
 
 def _window_of(windows: list[IterationWindow], t: np.ndarray) -> np.ndarray:
@@ -208,6 +235,30 @@ def align_to_gpu(windows: list[IterationWindow], per_window: list[Assigned],
                 w.start_us = max(host_start, min(max(backlog), first.start_us))
             elif ctx is not None:
                 w.start_us = max(host_start, first.start_us - (ctx.launch_us - host_start))
+        w.end_us = max(w.end_us, w.start_us)
+        prev_end = w.end_us
+
+
+def _align_columns(windows: list[IterationWindow], per_window: list[Assigned],
+                   members: list[np.ndarray], starts: np.ndarray, ends: np.ndarray,
+                   unassigned: np.ndarray) -> None:
+    """:func:`align_to_gpu` from the activities' columns (``members``: each window's
+    activities, as indices in trace order), for finite, non-zero ends: the same picks."""
+    prev_end: float | None = None
+    for w, acts, idx in zip(windows, per_window, members, strict=True):
+        host_start = w.start_us
+        if acts:
+            w.end_us = max(w.end_us, float(ends[idx].max()))
+        if prev_end is not None:
+            w.start_us = max(host_start, prev_end)
+        elif acts:
+            k = int(np.argmin(starts[idx]))  # the first of the earliest, as min() picks
+            first_start, ctx = float(starts[idx[k]]), acts[k][1]
+            backlog = ends[unassigned][starts[unassigned] < first_start]
+            if len(backlog):
+                w.start_us = max(host_start, min(float(backlog.max()), first_start))
+            elif ctx is not None:
+                w.start_us = max(host_start, first_start - (ctx.launch_us - host_start))
         w.end_us = max(w.end_us, w.start_us)
         prev_end = w.end_us
 
@@ -296,22 +347,29 @@ def _judge(a: GpuActivity, ctx: LaunchContext | None,
                    a.kind == KERNEL and cat not in COMPUTE_EXCLUDED, is_math)
 
 
-def tally_activities(per_window: list[Assigned]) -> Tally:
+def tally_activities(per_window: list[Assigned], times: KernelTimes | None = None) -> Tally:
     """Classify every assigned activity once and add it to the kernel table, the Tensor Core
     totals, its iteration's breakdown, the phases and the what-if kernel list.
 
     One pass in Python gives each activity its class (everything the sums read but its
     duration); the sums are then numpy's ``add.at`` over the classes' codes, which adds one
-    value after the other in activity order, as the loop (:func:`tally_loop`) did."""
+    value after the other in activity order, as the loop (:func:`tally_loop`) did.
+    ``times``: the activities' time columns (``Linked.times``), not read again."""
     acts = [a for w in per_window for a, _ in w]
-    dur = np.fromiter(map(_DUR, acts), np.float64, len(acts))
+    if times is None or len(times.dur) != len(acts):
+        start = np.fromiter(map(_START, acts), np.float64, len(acts))
+        times = KernelTimes(start, np.fromiter(map(_DUR, acts), np.float64, len(acts)),
+                            np.empty(0), np.empty(0, bool))
+    dur = times.dur
     if not np.isfinite(dur).all() or np.signbit(dur).any():
         return tally_loop(per_window)
     classes = _Classes()
     cls_of, flop_op, sim_kernels = classes.assign(per_window)
-    t = classes.tally(per_window, acts, dur, np.array(cls_of, np.int64),
+    t = classes.tally(per_window, acts, times.start, dur, np.array(cls_of, np.int64),
                       np.array(flop_op, np.int64), sim_kernels)
     t.sim_classes = np.array(cls_of, np.int64)
+    if len(times.launch) == len(acts):
+        t.times = times
     return t
 
 
@@ -395,8 +453,9 @@ class _Classes:
         self.sim.append((cls.category, judged.precision, cls.uses_tensor_cores, judged.eligible))
         return len(self.codes) - 1
 
-    def tally(self, per_window: list[Assigned], acts: list[GpuActivity], dur: np.ndarray,
-              cls_of: np.ndarray, flop_op: np.ndarray, sim_kernels: list[SimKernel]) -> Tally:
+    def tally(self, per_window: list[Assigned], acts: list[GpuActivity], start: np.ndarray,
+              dur: np.ndarray, cls_of: np.ndarray, flop_op: np.ndarray,
+              sim_kernels: list[SimKernel]) -> Tally:
         n = len(acts)
         codes = np.array(self.codes or [(0,) * 9], np.int64).reshape(-1, 9)[cls_of]
         row, cat, b1, b2, bd, prec, phase, op_code, is_math = codes.T
@@ -418,7 +477,6 @@ class _Classes:
         window = np.repeat(np.arange(len(per_window)), [len(w) for w in per_window])
         per_bd = _sums(window * len(_BREAKDOWN) + bd, dur,
                        len(per_window) * len(_BREAKDOWN)).reshape(-1, len(_BREAKDOWN))
-        start = np.fromiter(map(_START, acts), np.float64, n)
         end = start + dur
         at = 0
         for w, sums in zip(per_window, per_bd.tolist(), strict=True):
@@ -760,7 +818,7 @@ def bottleneck_stage(profile: Profile, linked: Linked, windows: list[IterationWi
         return v
 
     gpu_cov = gpu_intervals(profile, is_comm)
-    shares = [iteration_shares(w.start_us, w.end_us, gpu_cov, host) for w in windows]
+    shares = window_shares([(w.start_us, w.end_us) for w in windows], gpu_cov, host)
     section = bottleneck_section(shares, [w.step for w in windows], [w.wall_us for w in windows],
                                  unprofiled_ms=unprofiled_ms, framework=framework)
     section["sync_sites"] = sync_sites(profile, linked.launches, windows, host.blocking)
@@ -773,9 +831,11 @@ def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
     (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept."""
     lo, hi = windows[0].start_us, windows[-1].end_us
     sites: dict[tuple[str, str | None], list[float]] = {}
-    for r in profile.runtime:
-        if not lo <= r.start_us < hi or not is_sync_call(r.name, r.correlation, blocking):
-            continue
+    rt = profile.runtime
+    starts = columns.floats(rt, "start_us")
+    # the calls is_sync_call names, inside [lo, hi), in trace order
+    at = np.flatnonzero(sync_call_mask(profile, blocking) & (starts >= lo) & (starts < hi))
+    for r in map(rt.__getitem__, at.tolist()):
         ctx = launches.get(r.correlation) if r.correlation is not None else None
         key = ((ctx.op if ctx and ctx.op else r.name), ctx.source if ctx else None)
         sites.setdefault(key, []).append(r.dur_us)
@@ -798,8 +858,11 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
     counts = tally.sim_counts
     n = max(1, sum(1 for c in counts if c <= MAX_REPLAY_KERNELS))
     classes = tally.sim_classes[:counts[n - 1]] if tally.sim_classes is not None else None
+    times = None
+    if tally.times is not None:
+        times = KernelTimes(*(c[:counts[n - 1]] for c in tally.times))
     replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n],
-                           classes)
+                           classes, times)
     retime(recs, replay, measured,
            # without an un-profiled time (imported traces) the host is taken at the profiler's
            # typical inflation, as for GPU-bound windows: the trace was profiled all the same
@@ -811,10 +874,11 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
 
 
 def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
-                  windows: list[IterationWindow], classes: np.ndarray | None = None
-                  ) -> Replay | None:
+                  windows: list[IterationWindow], classes: np.ndarray | None = None,
+                  times: KernelTimes | None = None) -> Replay | None:
     """The window ready for what-if re-timing (analysis/whatif.py); ``classes``: the
-    kernels' tally classes (``Tally.sim_classes``)."""
+    kernels' tally classes (``Tally.sim_classes``), ``times``: their time columns
+    (``Tally.times``)."""
     if not kernels:
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
@@ -831,7 +895,7 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
-                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes)
+                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes, times=times)
 
 
 def _percentile(values: list[float], q: float) -> float:

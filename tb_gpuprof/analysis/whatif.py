@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from operator import attrgetter
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -132,37 +133,23 @@ class Replay:
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0}
-        now_of, origin, host_end0 = table.host_times(rates)
+        now, origin, host_end0 = table.host_time_column(rates)
         if per_class is not None:  # the same divisions, in numpy (IEEE: the same quotients)
             durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
-                per_class[table.class_index], 1e-6)).tolist()
+                per_class[table.class_index], 1e-6))
         elif durations_key is not None:
-            durations = table.durations
+            durations = table.duration_column
         else:
-            durations = [k.act.dur_us / max(factor(k), 1e-6) if k is not None else 0.0
-                         for k in table.kernels]
-        waited = 0.0
-        # the window opens when the GPU finished earlier work: nothing of it starts before.
-        # One queue per device (compute kernels on side streams rarely overlap in training,
-        # and the trace keeps no cross-stream dependencies), collectives on their own.
-        free = [origin] * table.queues
-        gpu_done = float("-inf")
-        latency = self.latency_us
-        gap = self.gap_us
-        syncs_wait = fix.syncs_wait
-        for now0, queue, dur in zip(now_of, table.queue, durations, strict=True):
-            if queue < 0:  # a host sync: wait for all work launched before it
-                if syncs_wait and gpu_done > now0 + waited:
-                    waited += gpu_done - (now0 + waited)
-                continue
-            begin = now0 + waited + latency  # max(now + latency, free + gap), as max() picks
-            ready = free[queue] + gap
-            if ready > begin:
-                begin = ready
-            end = begin + dur
-            free[queue] = end
-            if end > gpu_done:
-                gpu_done = end
+            durations = np.array([k.act.dur_us / max(factor(k), 1e-6) if k is not None
+                                  else 0.0 for k in table.kernels], np.float64)
+        queue = table.queue_column
+        state = _Queues(origin, table.queues, self.latency_us, self.gap_us)
+        if not (np.isfinite(now).all() and np.isfinite(durations).all()
+                and np.isfinite([origin, self.latency_us, self.gap_us]).all()):
+            state.loop(now.tolist(), table.queue, durations.tolist(), fix.syncs_wait)
+        else:
+            state.columns(now, queue, durations, fix.syncs_wait)
+        waited, gpu_done = state.waited, state.gpu_done
         total = max(host_end0 + waited, gpu_done) - origin
         if durations_key is not None:
             table.runs[key] = total
@@ -191,6 +178,124 @@ class Replay:
         return self._table
 
 
+class _Queues:
+    """The GPU's queues during a replay: each kernel starts at its launch (the host's time
+    plus what syncs made it wait, plus the launch latency) or when its queue is free again
+    (plus the queue's gap), whichever is later; a sync waits for all work launched before it
+    (``syncs_wait``)."""
+
+    def __init__(self, origin: float, queues: int, latency: float, gap: float) -> None:
+        self.free = [origin] * queues  # the window opens when the GPU finished earlier work
+        self.latency, self.gap = latency, gap
+        self.waited = 0.0
+        self.gpu_done = float("-inf")
+
+    def loop(self, now_of: list[float], queues: list[int], durations: list[float],
+             syncs_wait: bool) -> None:
+        """One event at a time (the reference; NaN and infinities take it)."""
+        free, latency, gap = self.free, self.latency, self.gap
+        waited, gpu_done = self.waited, self.gpu_done
+        for now0, queue, dur in zip(now_of, queues, durations, strict=True):
+            if queue < 0:  # a host sync: wait for all work launched before it
+                if syncs_wait and gpu_done > now0 + waited:
+                    waited += gpu_done - (now0 + waited)
+                continue
+            begin = now0 + waited + latency  # max(now + latency, free + gap), as max() picks
+            ready = free[queue] + gap
+            if ready > begin:
+                begin = ready
+            end = begin + dur
+            free[queue] = end
+            if end > gpu_done:
+                gpu_done = end
+        self.waited, self.gpu_done = waited, gpu_done
+
+    def columns(self, now: np.ndarray, queue: np.ndarray, dur: np.ndarray,
+                syncs_wait: bool) -> None:
+        """:meth:`loop` for finite times, a queue's kernels between two syncs at once
+        (:func:`_chain`); the syncs in turn, as the loop."""
+        syncs = np.flatnonzero(queue < 0).tolist() if syncs_wait else []
+        lo = 0
+        for stop in [*syncs, len(queue)]:
+            if stop > lo:
+                self._stretch(lo, now[lo:stop], queue[lo:stop], dur[lo:stop])
+            if stop < len(queue):
+                now0 = float(now[stop])
+                if self.gpu_done > now0 + self.waited:
+                    self.waited += self.gpu_done - (now0 + self.waited)
+            lo = stop + 1
+
+    def _stretch(self, lo: int, now: np.ndarray, queue: np.ndarray, dur: np.ndarray) -> None:
+        for q in range(len(self.free)):
+            at = np.flatnonzero(queue == q) if len(self.free) > 1 else np.flatnonzero(queue >= 0)
+            if not len(at):
+                continue
+            begin = (now[at] + self.waited) + self.latency
+            end = _chain(begin, dur[at], self.free[q] + self.gap, self.gap)
+            self.free[q] = float(end[-1])
+            if (end == 0.0).any():  # max() keeps the first of 0.0 and -0.0, numpy may not
+                for done in end.tolist():
+                    if done > self.gpu_done:
+                        self.gpu_done = done
+                continue
+            done = float(end.max())
+            if done > self.gpu_done:
+                self.gpu_done = done
+
+
+_CHAIN_KERNELS_PER_RUN = 16  # fewer kernels per run of queued ones: the loop is as fast
+
+
+def _chain(begin: np.ndarray, dur: np.ndarray, ready0: float, gap: float) -> np.ndarray:
+    """The ends of one queue's kernels: ``end[i] = max(begin[i], ready[i]) + dur[i]`` with
+    ``ready[0] = ready0`` and ``ready[i] = end[i - 1] + gap`` (the ready time wins only when
+    later, as the loop picks). Which kernels wait for the queue is guessed in real arithmetic
+    (a running maximum over cumulative sums), each run of waiting kernels is then added left
+    to right (``np.add.accumulate``: the loop's floats) and every guess checked against the
+    ends it gave; a wrong guess, or too many runs, takes the loop."""
+    n = len(begin)
+    step = gap + dur
+    before = np.cumsum(step) - step  # ~ the sum of the steps before each kernel
+    offset = begin - gap - before
+    lead = np.maximum.accumulate(np.concatenate(([ready0 - gap], offset)))[:-1]
+    fresh = offset >= lead  # a kernel that starts at its own begin (the queue was idle)
+    end = np.empty(n)
+    end[fresh] = begin[fresh] + dur[fresh]
+    heads = np.flatnonzero(fresh)
+    starts = np.concatenate(([0], heads)) if not (n and fresh[0]) else heads
+    bounds = np.append(starts, n)
+    runs = np.flatnonzero(np.diff(bounds) > 1)  # stretches with kernels that queued
+    if len(runs) > max(8, n // _CHAIN_KERNELS_PER_RUN):
+        return _chain_loop(begin, dur, ready0, gap)
+    if n and not fresh[0]:
+        end[0] = ready0 + dur[0]
+    for r in runs.tolist():
+        a, b = int(bounds[r]), int(bounds[r + 1])
+        terms = np.empty(2 * (b - a) - 1)
+        terms[0] = end[a]
+        terms[1::2] = gap
+        terms[2::2] = dur[a + 1:b]
+        end[a + 1:b] = np.add.accumulate(terms)[2::2]
+    ready = np.concatenate(([ready0], end[:-1] + gap))
+    if not np.array_equal(fresh, ~(ready > begin)) or (end == 0.0).any():
+        return _chain_loop(begin, dur, ready0, gap)  # a guess was wrong (or signed zeros)
+    return end
+
+
+def _chain_loop(begin: np.ndarray, dur: np.ndarray, ready0: float, gap: float
+                ) -> np.ndarray:
+    """:func:`_chain` one kernel at a time."""
+    out = []
+    ready = ready0
+    for b, d in zip(begin.tolist(), dur.tolist(), strict=True):
+        if ready > b:
+            b = ready
+        end = b + d
+        out.append(end)
+        ready = end + gap
+    return np.array(out, np.float64)
+
+
 KINDS = ("framework", "outside", "data", "copy_call", "sync")
 
 
@@ -202,6 +307,7 @@ class _EventTable:
         self.index = index
         self._replay = replay
         self._kernels: list[SimKernel | None] | None = None
+        self._queue_column: np.ndarray | None = None
         # per event: its queue (-1 for a sync), its duration (0.0 for a sync)
         cols = replay._columns
         if cols is None:
@@ -291,14 +397,26 @@ class _EventTable:
 
     def host_times(self, rates: dict[str, float]) -> tuple[list[float], float, float]:
         """Replayed host time of every event, of the window's start and of the host's end."""
+        at, origin, host_end = self.host_time_column(rates)
+        return at.tolist(), origin, host_end
+
+    def host_time_column(self, rates: dict[str, float]) -> tuple[np.ndarray, float, float]:
+        """:meth:`host_times` with the events' times as a column."""
         if not len(self.kind):
-            lead = self.lead.tolist()
-            return lead[:-2], lead[-2], lead[-1]
-        rate = np.array([rates.get(k, 1.0) for k in KINDS])[self.kind]
-        cum = np.concatenate(([0.0], np.cumsum(self.length * rate)))
-        at = cum[self.seg] + self.within * rate[self.seg] + self.beyond
-        at = np.where(self.before, self.lead, at).tolist()
-        return at[:-2], at[-2], at[-1]
+            lead = self.lead
+        else:
+            rate = np.array([rates.get(k, 1.0) for k in KINDS])[self.kind]
+            cum = np.concatenate(([0.0], np.cumsum(self.length * rate)))
+            at = cum[self.seg] + self.within * rate[self.seg] + self.beyond
+            lead = np.where(self.before, self.lead, at)
+        return lead[:-2], float(lead[-2]), float(lead[-1])
+
+    @property
+    def queue_column(self) -> np.ndarray:
+        """:attr:`queue` as an int64 column (made once)."""
+        if self._queue_column is None:
+            self._queue_column = np.array(self.queue, np.int64)
+        return self._queue_column
 
 
 @dataclass(slots=True)
@@ -333,17 +451,28 @@ def _minus(a: _Columns, b: _Columns) -> _Columns:
     return cut
 
 
+class KernelTimes(NamedTuple):
+    """Columns of the kernels' times the caller already holds, in the kernels' order: the
+    activities' start and duration, the launch's time (0.0 where ``has_launch`` is False)."""
+
+    start: np.ndarray
+    dur: np.ndarray
+    launch: np.ndarray
+    has_launch: np.ndarray
+
+
 def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
                  start_us: float, end_us: float, glue_max_us: float,
-                 classes: np.ndarray | None = None) -> Replay:
+                 classes: np.ndarray | None = None, times: KernelTimes | None = None
+                 ) -> Replay:
     """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
     data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
     work outside ops). In columns: the pieces' ends are picked, never computed.
 
     ``classes``: a class code per kernel, kernels of one code alike in all that
     :attr:`Fix.by_class` factors read (the tally's classes); without it the replay groups
-    the kernels itself."""
+    the kernels itself. ``times``: the kernels' time columns, not read again."""
     whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
     d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
     sy = _minus(sy, d)
@@ -360,7 +489,7 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])
     order = np.argsort(start, kind="stable")  # the pieces are disjoint: no two share a start
     segments = Segments(start[order], end[order], kind[order].astype(np.int64))
-    cols = _KernelColumns.of(kernels)
+    cols = _KernelColumns.of(kernels, times)
     replay = Replay(kernels, sorted(syncs), segments, start_us, end_us,
                     _launch_latency(kernels, cols), gap_us=_queue_gap(kernels, cols))
     replay._columns = cols
@@ -389,17 +518,22 @@ class _KernelColumns:
     is_kernel: np.ndarray
 
     @classmethod
-    def of(cls, kernels: Sequence[SimKernel]) -> _KernelColumns | None:
+    def of(cls, kernels: Sequence[SimKernel], times: KernelTimes | None = None
+           ) -> _KernelColumns | None:
         """None when a value is not finite or a stream key is not a small int: the loops
-        below then decide (their comparisons with NaN are not numpy's)."""
+        below then decide (their comparisons with NaN are not numpy's). ``times``: the
+        start, duration and launch columns when the caller has them."""
         n = len(kernels)
         acts = list(map(_ACT, kernels))  # map/attrgetter: C loops, no bytecode per kernel
-        launches = list(map(_LAUNCH_US, kernels))
-        has_launch = np.array([t is not None for t in launches], bool)
         try:
-            start = np.fromiter(map(_START_US, acts), np.float64, n)
-            dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
-            launch = np.array([0.0 if t is None else t for t in launches], np.float64)
+            if times is not None and len(times.start) == n:
+                start, dur, launch, has_launch = times
+            else:
+                launches = list(map(_LAUNCH_US, kernels))
+                has_launch = np.array([t is not None for t in launches], bool)
+                start = np.fromiter(map(_START_US, acts), np.float64, n)
+                dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
+                launch = np.array([0.0 if t is None else t for t in launches], np.float64)
             device = np.fromiter(map(_DEVICE, acts), np.int64, n)
             stream = np.fromiter(map(_STREAM, acts), np.int64, n)
         except (TypeError, OverflowError, ValueError):
