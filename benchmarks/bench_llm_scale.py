@@ -59,7 +59,7 @@ def child(kind: str, path: str) -> dict:
 
         base = _mb("VmRSS:")
         t0, c0 = time.perf_counter(), time.process_time()
-        profile = load_profile(path)
+        profile = load_profile(path, python_calls=False)  # as `tb-gpuprof report` reads
         t1 = time.perf_counter()
         out = {"read_s": t1 - t0, "read_cpu_s": time.process_time() - c0,
                "read_peak_mb": _mb("VmHWM:")}

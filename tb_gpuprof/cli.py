@@ -136,7 +136,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         from .analysis.report import build_report
         from .readers import load_profile
 
-        profile = load_profile(args.path)
+        profile = load_profile(args.path, python_calls=False)  # a report reads none
         report = build_report(profile, iter_start=args.iter_start, iter_stop=args.iter_stop,
                               key=args.key)
     sys.stdout.write(render(report, fmt=args.format, top=args.top))
@@ -162,7 +162,7 @@ def _load_any_report(path: str) -> dict:
     from .analysis.report import build_report
     from .readers import load_profile
 
-    return build_report(load_profile(path))
+    return build_report(load_profile(path, python_calls=False))
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -99,8 +99,8 @@ def analyze_trace(path: str, iter_start: int | None = None, iter_stop: int | Non
     before = _baseline_kib()
     measured = _reset_peak_rss()
     t0 = time.perf_counter()
-    report = build_report(load_profile(path), iter_start=iter_start, iter_stop=iter_stop,
-                          key=key)
+    profile = load_profile(path, python_calls=False)  # a report reads no Python rows
+    report = build_report(profile, iter_start=iter_start, iter_stop=iter_stop, key=key)
     seconds = time.perf_counter() - t0
     peak = _status_kib("VmHWM:")
     growth = (peak - before) * 1024 if measured and peak is not None and before else None

@@ -20,7 +20,7 @@ from .store.reader import event_files
 
 def analyse_trace(path: str | os.PathLike[str], **options: Any) -> dict[str, Any]:
     """The report of one trace file (``options``: build_report's keywords)."""
-    return build_report(load_profile(os.fspath(path)), **options)
+    return build_report(load_profile(os.fspath(path), python_calls=False), **options)
 
 
 def import_trace(trace: str, logdir: str, run: str | None = None, key: str | None = None) -> str:

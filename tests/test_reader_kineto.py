@@ -375,3 +375,28 @@ def test_a_batch_whose_views_outlive_it_does_not_stop_the_stream(trace_doc, prof
     assert len(held) > 3  # several batches, each still viewed when the next one came
     assert _summary(other) == _summary(profile)
     assert other.metadata["events"] == len(trace_doc["traceEvents"])
+
+
+def test_a_read_without_python_calls_gives_the_same_model_and_report_less_the_rows():
+    """`tb-gpuprof report` reads with python_calls=False: Profile.python (the Timeline's rows)
+    is left out, everything else, the ops' user stacks included, and the report are the same."""
+    from tb_gpuprof.analysis.format import render
+    from tb_gpuprof.analysis.report import build_report
+
+    with_rows = 0
+    for path in _REAL_TRACES:
+        full = load_profile(path)
+        lean = load_profile(path, python_calls=False)
+        assert lean.python is None
+        with_rows += full.python is not None and len(full.python) > 0
+        try:
+            report = render(build_report(full), fmt="json")
+        except EmptyProfileError:
+            report = None
+        full.python = None
+        assert _everything(lean) == _everything(full)
+        if report is not None:
+            assert render(build_report(lean), fmt="json") == report
+    assert with_rows >= 2  # traces recorded with stacks: the option had rows to leave out
+    xplane = load_profile(_DATA / "jax_conv_h200.xplane.pb", python_calls=False)  # not Kineto's
+    assert xplane.gpu

@@ -14,6 +14,7 @@ import os
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import TraceReadError, UnknownFormatError
 from ..model import Profile
@@ -31,26 +32,31 @@ class Reader:
     (a guess from the name or a weak magic) run after the known misnamed files are refused.
     ``read`` is ``"module:function"`` under tb_gpuprof.readers, imported on first use so that
     sniffing imports no reader (or the function itself, for a reader defined elsewhere).
+    ``options``: the keywords of :func:`load_profile` its function takes (others do not
+    apply to the format and are not passed).
     """
     format: str
     sniff: Callable[[bytes, str], bool]
     read: str | Callable[[str], Profile]
     by_name_only: bool = False
     gzip_ok: bool = True  # False: the format is never gzipped (SQLite), sniffed on raw bytes
+    options: frozenset[str] = frozenset()
 
-    def load(self, path: str) -> Profile:
+    def load(self, path: str, **options: Any) -> Profile:
+        taken = {k: v for k, v in options.items() if k in self.options}
         if callable(self.read):
-            return self.read(path)
+            return self.read(path, **taken)
         module, function = self.read.split(":")
-        reader: Callable[[str], Profile] = getattr(
+        reader: Callable[..., Profile] = getattr(
             importlib.import_module(f".{module}", __name__), function)
-        return reader(path)
+        return reader(path, **taken)
 
 
 READERS: list[Reader] = [
     Reader("nsys", lambda head, name: head.startswith(SQLITE_MAGIC), "nsys:read_nsys",
            gzip_ok=False),
-    Reader("kineto", lambda head, name: head.lstrip()[:1] in (b"{", b"["), "kineto:read_kineto"),
+    Reader("kineto", lambda head, name: head.lstrip()[:1] in (b"{", b"["), "kineto:read_kineto",
+           options=frozenset({"python_calls"})),
     Reader("xplane", lambda head, name: name.endswith((".xplane.pb", ".pb"))
            or head[:1] in (b"\x0a", b"\x12", b"\x1a"), "xplane:read_xplane", by_name_only=True),
 ]
@@ -120,10 +126,15 @@ def sniff_format(path: str) -> str:
     )
 
 
-def load_profile(path: str | os.PathLike[str]) -> Profile:
-    """Read any supported trace file into the normalized model."""
+def load_profile(path: str | os.PathLike[str], *, python_calls: bool = True) -> Profile:
+    """Read any supported trace file into the normalized model.
+
+    ``python_calls=False`` leaves out ``Profile.python``, every Python call of a Kineto trace
+    recorded with stacks (the Timeline's Python rows): a report never reads it, and on an
+    LLM-scale trace it is tens of MB (about 32 bytes a call) held through the analysis.
+    """
     path = os.fspath(path)
-    return reader_for(sniff_format(path)).load(path)
+    return reader_for(sniff_format(path)).load(path, python_calls=python_calls)
 
 
 __all__ = ["READERS", "Reader", "load_profile", "reader_for", "sniff_format"]

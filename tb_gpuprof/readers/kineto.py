@@ -393,8 +393,11 @@ class _LayoutMismatch(Exception):
     """The fast path met something it does not handle; decode the whole file instead."""
 
 
-def read_kineto(path: str | os.PathLike[str]) -> Profile:
-    """Read a torch.profiler/Kineto Chrome trace: ``.json``/``.json.gz``, object or bare list."""
+def read_kineto(path: str | os.PathLike[str], python_calls: bool = True) -> Profile:
+    """Read a torch.profiler/Kineto Chrome trace: ``.json``/``.json.gz``, object or bare list.
+
+    ``python_calls=False``: no ``Profile.python`` (the Timeline's Python rows), which no
+    analysis reads; user-code frames still give the ops their stacks."""
     path = os.fspath(path)
     builder = _ProfileBuilder(path)
     try:
@@ -405,7 +408,7 @@ def read_kineto(path: str | os.PathLike[str]) -> Profile:
     if not streamed:  # outside the except: its traceback (and open reader) is gone
         builder = _ProfileBuilder(path)
         _full_decode(path, builder)
-    return builder.finish()
+    return builder.finish(python_calls)
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -1226,10 +1229,10 @@ class _ProfileBuilder:
             return a.stream
         return ev.tid if type(ev.tid) is int else 0
 
-    def finish(self) -> Profile:
+    def finish(self, python_calls: bool = True) -> Profile:
         p = self.profile
         p.memory = self.memory.finish()
-        p.python = self.python.finish()
+        p.python = self.python.finish() if python_calls else None
         if not (p.gpu or p.cpu_ops or p.runtime or p.annotations):
             raise EmptyProfileError(
                 p.source, "trace holds no kernels, CPU ops, runtime calls or annotations")
