@@ -163,6 +163,8 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     else:  # no launching thread known, or every item on one
         on_host = np.ones(n, dtype=bool)
     sync, other = on_host & is_sync, on_host & ~is_sync
+    if other.all():  # the usual case for ops: the columns as they are, not a copy of each
+        return (starts[:0], ends[:0]), (starts, ends)
     return (starts[sync], ends[sync]), (starts[other], ends[other])
 
 
