@@ -102,7 +102,7 @@ def _random_profile(rng: random.Random, nan: bool) -> Profile:
     stacks = [None, [], ["site-packages/torch/nn.py(1): f", "train.py(9): step"],
               ["<built-in method>"]]
     ops, calls = [], []
-    for i in range(rng.randrange(1, 120)):
+    for _ in range(rng.randrange(1, 120)):
         start = float(rng.randrange(0, 200))
         dur = float(rng.choice([0, 1, 2, 5, 20, 80, rng.randrange(0, 200)]))
         if nan and rng.random() < 0.05:
