@@ -205,8 +205,9 @@ def _drop_closed(starts: np.ndarray, kinds: np.ndarray, index: np.ndarray, ends:
 
 
 class _StackFold:
-    """The launch context of a stack of open ranges, folded bottom to top. Each entry keeps
-    the fold up to itself, so a launch costs the entries pushed since the last one."""
+    """The launch context of a stack of open ranges, folded bottom to top: each push folds
+    its range onto the fold below it (so a launch costs one read of the top; folding only
+    when a launch came walked the entries pushed since the last one, ~20 % slower)."""
 
     def __init__(self, profile: Profile, is_eligible: Callable[[str], Any]) -> None:
         self.ops = profile.cpu_ops
