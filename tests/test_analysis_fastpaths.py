@@ -2,7 +2,7 @@
 on every real trace in tests/data and ../shared/fixtures: the same floats, the same orders.
 
 - ``stages.tally_activities`` (class codes, sums by ``np.add.at``) vs ``stages.tally_loop``;
-- ``roofline.kernel_traffic`` (columns) vs ``roofline.kernel_traffic_loop``;
+- ``roofline.kernel_traffic`` (columns) vs the loop it replaced (``_kernel_traffic_loop``, here);
 - the what-if replay with the tally's class codes vs the replay grouping kernels itself, and
   a remembered run vs the same run on a fresh replay.
 """
@@ -64,7 +64,7 @@ def test_kernel_traffic_in_columns_is_the_loop(traced):
     report = {"kernels": stages.kernel_table(stages.tally_activities(linked.per_window),
                                              linked.op_flops).rows}
     args = (report, prof, linked.per_window, linked.op_flops)
-    fast, loop = roofline.kernel_traffic(*args), roofline.kernel_traffic_loop(*args)
+    fast, loop = roofline.kernel_traffic(*args), _kernel_traffic_loop(*args)
     assert list(fast) == list(loop)
     for a, b in zip(fast.values(), loop.values(), strict=True):
         assert (a.bytes, a.flops, a.covered_us, a.precision, list(a.reasons.items())) == (
@@ -102,3 +102,64 @@ def test_durations_numpy_orders_otherwise_take_the_loop():
             per_window = [[(msgspec.structs.replace(a, dur_us=bad), ctx), *acts[1:]]]
             t = stages.tally_activities(per_window)
             assert t.flop_entries is None and t.sim_classes is None  # tally_loop's
+
+
+def _kernel_traffic_loop(report, profile, per_window, flops_of_ops):
+    """``roofline.kernel_traffic`` one activity at a time (the reference its columns are tested
+    against).
+
+    An op's traffic is split over the kernels it launched by their time, as its FLOPs are
+    (report.py): a GEMM op over its math kernels, an elementwise op over what it launched.
+    ``flops_of_ops``: linking's FLOPs of the ops launches ran under (``Linked.op_flops``:
+    every op that launched a kernel is there when it has FLOPs).
+    """
+    kernels = {k["name"]: k for k in report["kernels"] if k["kind"] == roofline.KERNEL}
+    tallies = {name: roofline._Tally() for name in kernels}
+    groups: dict = {}
+    no_op = roofline._no_op_reason(profile)
+    # per kernel name: its tally, whether it is a collective, whether its row has FLOPs
+    rows = {
+        name: (tallies[name], k["category"] == "communication", bool(k["flops"]))
+        for name, k in kernels.items()}
+    for acts in per_window:
+        for a, ctx in acts:
+            row = rows.get(a.name) if a.kind == roofline.KERNEL else None
+            if row is None:
+                continue
+            t, is_comm, has_flops = row
+            if is_comm:
+                t.miss("communication (NCCL) kernel", a.dur_us)
+                continue
+            math = has_flops and ctx is not None and ctx.flop_op is not None
+            op_idx = (ctx.flop_op if math else ctx.launch_op) if ctx is not None else None
+            if op_idx is None:
+                t.miss(no_op, a.dur_us)
+                continue
+            if not math:
+                if op_idx in flops_of_ops:
+                    # a cast or layout kernel of a GEMM/conv op: the op's traffic is its math
+                    # kernels' (as its FLOPs are)
+                    t.miss("layout or setup kernel inside a GEMM/conv op (not modelled)",
+                           a.dur_us)
+                    continue
+            groups.setdefault(op_idx, []).append((t, a.dur_us))
+    by_signature: dict = {}
+    for op_idx, group in groups.items():
+        op = profile.cpu_ops[op_idx]
+        key = roofline._signature(op)
+        known = by_signature.get(key)
+        if known is None:
+            known = by_signature[key] = (roofline.op_traffic(op), roofline._op_precision(op))
+        traffic, precision = known
+        if isinstance(traffic, str):
+            for t, dur in group:
+                t.miss(traffic, dur)
+            continue
+        nbytes, flops = traffic
+        total = sum(d for _, d in group) or 1.0
+        for t, dur in group:
+            t.bytes += nbytes * dur / total
+            t.flops += flops * dur / total
+            t.covered_us += dur
+            t.precision = t.precision or precision
+    return tallies

@@ -207,7 +207,8 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
     ``flops_of_ops``: linking's FLOPs of the ops launches ran under (``Linked.op_flops``:
     every op that launched a kernel is there when it has FLOPs).
 
-    In columns, with :func:`kernel_traffic_loop`'s order of additions: first each activity
+    In columns, with the order of additions of a loop over the activities (the reference in
+    tests/test_analysis_fastpaths.py): first each activity
     in turn (collectives, launches outside ops, setup kernels of GEMM/conv ops), then each
     op in order of its first activity, its activities in turn.
     """
@@ -320,69 +321,6 @@ def _add_misses(misses: list[tuple[np.ndarray, np.ndarray, np.ndarray]], t_list:
     for i in np.argsort(first, kind="stable").tolist():
         c, r = divmod(int(pairs[i]), len(reasons))
         t_list[c].reasons[reasons[r]] = sums[i]
-
-
-def kernel_traffic_loop(report: dict[str, Any], profile: Profile,
-                   per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
-                   flops_of_ops: Mapping[int, float]) -> dict[str, _Tally]:
-    """:func:`kernel_traffic` one activity at a time (the reference its columns are tested
-    against).
-
-    An op's traffic is split over the kernels it launched by their time, as its FLOPs are
-    (report.py): a GEMM op over its math kernels, an elementwise op over what it launched.
-    ``flops_of_ops``: linking's FLOPs of the ops launches ran under (``Linked.op_flops``:
-    every op that launched a kernel is there when it has FLOPs).
-    """
-    kernels = {k["name"]: k for k in report["kernels"] if k["kind"] == KERNEL}
-    tallies = {name: _Tally() for name in kernels}
-    groups: dict[int, list[tuple[_Tally, float]]] = {}
-    no_op = _no_op_reason(profile)
-    # per kernel name: its tally, whether it is a collective, whether its row has FLOPs
-    rows: dict[str, tuple[_Tally, bool, bool]] = {
-        name: (tallies[name], k["category"] == "communication", bool(k["flops"]))
-        for name, k in kernels.items()}
-    for acts in per_window:
-        for a, ctx in acts:
-            row = rows.get(a.name) if a.kind == KERNEL else None
-            if row is None:
-                continue
-            t, is_comm, has_flops = row
-            if is_comm:
-                t.miss("communication (NCCL) kernel", a.dur_us)
-                continue
-            math = has_flops and ctx is not None and ctx.flop_op is not None
-            op_idx = (ctx.flop_op if math else ctx.launch_op) if ctx is not None else None
-            if op_idx is None:
-                t.miss(no_op, a.dur_us)
-                continue
-            if not math:
-                if op_idx in flops_of_ops:
-                    # a cast or layout kernel of a GEMM/conv op: the op's traffic is its math
-                    # kernels' (as its FLOPs are)
-                    t.miss("layout or setup kernel inside a GEMM/conv op (not modelled)",
-                           a.dur_us)
-                    continue
-            groups.setdefault(op_idx, []).append((t, a.dur_us))
-    by_signature: dict[tuple, tuple[tuple[float, float] | str, str | None]] = {}
-    for op_idx, group in groups.items():
-        op = profile.cpu_ops[op_idx]
-        key = _signature(op)
-        known = by_signature.get(key)
-        if known is None:
-            known = by_signature[key] = (op_traffic(op), _op_precision(op))
-        traffic, precision = known
-        if isinstance(traffic, str):
-            for t, dur in group:
-                t.miss(traffic, dur)
-            continue
-        nbytes, flops = traffic
-        total = sum(d for _, d in group) or 1.0
-        for t, dur in group:
-            t.bytes += nbytes * dur / total
-            t.flops += flops * dur / total
-            t.covered_us += dur
-            t.precision = t.precision or precision
-    return tallies
 
 
 def ceiling_precision(kernel: dict[str, Any], data_precision: str | None) -> str | None:
