@@ -316,8 +316,8 @@ class _EventTable:
                 (k.act.device, k.category == "communication"), len(queue_of))
                 for k in self.kernels]
             self.queues = len(queue_of)
-            self.durations = [0.0 if k is None else k.act.dur_us for k in self.kernels]
-            self.duration_column = np.array(self.durations, np.float64)
+            self.duration_column = np.array([0.0 if k is None else k.act.dur_us
+                                             for k in self.kernels], np.float64)
             self.is_sync = np.array([k is None for k in self.kernels], bool)
         else:
             self._from_columns(replay, cols, np.array(index, np.int64))
@@ -363,9 +363,9 @@ class _EventTable:
         queue = np.full(len(index), -1, np.int64)
         queue[~self.is_sync] = rank[code]
         self.queue, self.queues = queue.tolist(), len(keys)
+        self._queue_column = queue
         self.duration_column = np.zeros(len(index))
         self.duration_column[~self.is_sync] = cols.dur[at]
-        self.durations = self.duration_column.tolist()
 
     def _given_classes(self, classes: np.ndarray) -> tuple[list[SimKernel], np.ndarray]:
         """:meth:`_kernel_classes` from the caller's class codes (kernels of one code agree
@@ -395,13 +395,9 @@ class _EventTable:
             index_of.append(at)
         return stand_ins, np.array(index_of, np.int64)
 
-    def host_times(self, rates: dict[str, float]) -> tuple[list[float], float, float]:
-        """Replayed host time of every event, of the window's start and of the host's end."""
-        at, origin, host_end = self.host_time_column(rates)
-        return at.tolist(), origin, host_end
-
     def host_time_column(self, rates: dict[str, float]) -> tuple[np.ndarray, float, float]:
-        """:meth:`host_times` with the events' times as a column."""
+        """Replayed host time of every event (a column), of the window's start and of the
+        host's end."""
         if not len(self.kind):
             lead = self.lead
         else:

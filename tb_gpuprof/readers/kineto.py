@@ -399,16 +399,16 @@ def read_kineto(path: str | os.PathLike[str], python_calls: bool = True) -> Prof
     ``python_calls=False``: no ``Profile.python`` (the Timeline's Python rows), which no
     analysis reads; user-code frames still give the ops their stacks."""
     path = os.fspath(path)
-    builder = _ProfileBuilder(path)
+    builder = _ProfileBuilder(path, python_calls)
     try:
         _stream_decode(path, builder)
         streamed = True
     except _LayoutMismatch:
         streamed = False
     if not streamed:  # outside the except: its traceback (and open reader) is gone
-        builder = _ProfileBuilder(path)
+        builder = _ProfileBuilder(path, python_calls)
         _full_decode(path, builder)
-    return builder.finish(python_calls)
+    return builder.finish()
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -927,8 +927,9 @@ class _OpName:
 class _ProfileBuilder:
     """Turns decoded events into model objects, batch by batch, sharing repeated values."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, python_calls: bool = True) -> None:
         self.profile = Profile(source=path, format="kineto")
+        self.python_calls = python_calls  # keep the Timeline's Python rows (read_kineto)
         self.stacks = UserStackBuilder()
         self._json_cache: dict[bytes, Any] = {}
         self._op_names: dict[str, str] = {}  # interns op names, flags step markers
@@ -1004,9 +1005,6 @@ class _ProfileBuilder:
             info.types.append(types)
         return shapes, types
 
-    def _concrete(self, a: _OpEventArgs) -> Any:
-        return self._json_value(a.concrete)
-
     def _learn_python_frame(self, name: str) -> tuple[str, bool]:
         name = sys.intern(name)
         frame = self._python_frames[name] = (name, is_user_frame(name))
@@ -1055,6 +1053,7 @@ class _ProfileBuilder:
         py_start, py_dur, py_tid, py_name = (py.start.append, py.dur.append, py.tid.append,
                                              py.name.append)
         skipped, respell = _SKIPPED_TYPES, _RESPELT_TYPES
+        keep_python = self.python_calls
         rest: list[Any] = []
         for ev in events:
             t = type(ev)
@@ -1074,7 +1073,7 @@ class _ProfileBuilder:
                     except ValueError:
                         shapes, types = self._learn_arguments(info, a)
                     # stride/padding/... and is_causal for FLOPs; only math ops need them
-                    concrete = self._concrete(a) if info.conv and a.concrete else None
+                    concrete = self._json_value(a.concrete) if info.conv and a.concrete else None
                 else:
                     shapes = types = concrete = None
                 tid = thread(ev.tid)
@@ -1087,11 +1086,12 @@ class _ProfileBuilder:
                 frame = library_frame(ev.name)  # the interned name, unless it is user code
                 if frame is None:
                     frame = self._user_frame(ev)
-                tid = ev.tid  # an int64 column: no int object to share
-                py_start(ev.ts)
-                py_dur(ev.dur)
-                py_tid(tid if type(tid) is int else 0)
-                py_name(frame)
+                if keep_python:
+                    tid = ev.tid  # an int64 column: no int object to share
+                    py_start(ev.ts)
+                    py_dur(ev.dur)
+                    py_tid(tid if type(tid) is int else 0)
+                    py_name(frame)
             elif t not in skipped:
                 rest.append(ev)
                 if t in respell:  # an old spelling of the two kinds above: in file order
@@ -1174,11 +1174,12 @@ class _ProfileBuilder:
                 name = frame[0]
                 if frame[1]:
                     frames.setdefault(ev.tid, []).append((ev.ts, ev.ts + ev.dur, name))
-                tid = thread(ev.tid)
-                py_start(ev.ts)
-                py_dur(ev.dur)
-                py_tid(self._thread(ev.tid) if tid is None else tid)
-                py_name(name)
+                if self.python_calls:
+                    tid = thread(ev.tid)
+                    py_start(ev.ts)
+                    py_dur(ev.dur)
+                    py_tid(self._thread(ev.tid) if tid is None else tid)
+                    py_name(name)
             elif kind is None:
                 if ev.name == "thread_name" and not ev.cat:  # a "ph": "M" metadata event
                     self._thread_names[f"{ev.pid}/{ev.tid}"] = str(ev.args.name)
@@ -1193,15 +1194,10 @@ class _ProfileBuilder:
                                            a.correlation, a.external_id))
             elif kind == _KERNEL:
                 a = ev.args
-                device, stream = a.device, a.stream
-                if device is None:
-                    device = ev.pid if type(ev.pid) is int else 0
-                if stream is None:
-                    stream = ev.tid if type(ev.tid) is int else 0
                 gpu.append(GpuActivity(
-                    KERNEL, intern(ev.name), ev.ts, ev.dur, device, stream, a.correlation,
-                    a.external_id, dims(a.grid), dims(a.block), a.registers, a.shared_mem,
-                    a.blocks_per_sm, a.occupancy))
+                    KERNEL, intern(ev.name), ev.ts, ev.dur, self._device(ev, a),
+                    self._stream(ev, a), a.correlation, a.external_id, dims(a.grid),
+                    dims(a.block), a.registers, a.shared_mem, a.blocks_per_sm, a.occupancy))
             elif kind == _MEMCPY or kind == _MEMSET:
                 a = ev.args
                 act = GpuActivity(MEMCPY if kind == _MEMCPY else MEMSET, intern(ev.name),
@@ -1229,10 +1225,10 @@ class _ProfileBuilder:
             return a.stream
         return ev.tid if type(ev.tid) is int else 0
 
-    def finish(self, python_calls: bool = True) -> Profile:
+    def finish(self) -> Profile:
         p = self.profile
         p.memory = self.memory.finish()
-        p.python = self.python.finish() if python_calls else None
+        p.python = self.python.finish() if self.python_calls else None
         if not (p.gpu or p.cpu_ops or p.runtime or p.annotations):
             raise EmptyProfileError(
                 p.source, "trace holds no kernels, CPU ops, runtime calls or annotations")
