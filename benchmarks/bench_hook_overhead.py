@@ -7,7 +7,10 @@ Workloads (``--workload``): ``gpt2``, an eager HF GPT-2 in bf16 built from
 ``torch`` (GpuProfiler), ``lightning`` (GpuProfCallback), ``keras-jax`` / ``keras-torch``
 (Keras 3 GpuProfCallback; its own model, see keras_model), plus two references that show
 what the measurement catches: ``plain-profiler`` (torch.profiler for 3 steps, CUPTI left
-subscribed) and ``plain-profiler-teardown`` (the same with TEARDOWN_CUPTI=1).
+subscribed) and ``plain-profiler-teardown`` (the same with TEARDOWN_CUPTI=1); and ``none``,
+the null of the design: the torch loop with no hook and, in each window's place, its 9
+iterations unprofiled and a 2 s pause (its "after" blocks say what the design reads where
+nothing was done).
 
 How it measures, in one process per (hook, workload), in blocks of ``--block`` iterations,
 each timed on the host between two device synchronizations made by the harness (in both
@@ -44,7 +47,15 @@ ratio over all blocks (no state matching) for comparison. ``raw_blocks`` keeps e
     python3 benchmarks/bench_hook_overhead.py --all --smoke              # CPU smoke test
 
 ``--cpus N`` pins every process (and so the hooks' threads and analysis process) to the same
-N CPUs; gpu/loop_noise.py measures whether that calms the launch-bound loop on a machine.
+N CPUs, ``--cpu-list`` to the CPUs named; gpu/loop_noise.py measures whether that calms the
+launch-bound loop on a machine. With ``--paired --cpu-list C`` (one CPU) a pair's two processes
+take turns on one vCPU and see its same state: the ``paired_matched`` ratios keep only the
+blocks whose probes agree.
+
+Each block also records its work (benchmarks/work_counter.py, ``work`` in the JSON): the
+training thread's CPU time, context switches and, where the kernel has hardware counters, its
+instructions; and the CPU time of the process's other Python threads (the hooks' writer and
+sampler) as a share of the block's wall time.
 """
 
 from __future__ import annotations
@@ -71,9 +82,10 @@ from overhead_stats import (  # noqa: E402
     from_recorded,
     paired_summary,
 )
+from work_counter import WorkCounter  # noqa: E402
 
 HOOKS = ("torch", "lightning", "keras-jax", "keras-torch", "plain-profiler",
-         "plain-profiler-teardown")
+         "plain-profiler-teardown", "none")
 WORKLOADS = ("gpt2", "resnet50")
 WINDOW = (5, 8)
 
@@ -100,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="with --all: run every process on the first N allowed CPUs (the same "
                          "ones for a paired run's two processes; the hooks' threads and "
                          "analysis process inherit them); 0: wherever the OS puts them")
+    ap.add_argument("--cpu-list", default="",
+                    help="with --all: like --cpus, on these CPUs (comma-separated)")
     ap.add_argument("--paired", action="store_true",
                     help="with --all: run each hook's process in turn with a control process "
                          "(bare loop, same framework), block by block, for ratios against "
@@ -196,8 +210,10 @@ def resnet50_step(smoke: bool) -> tuple[Any, Callable[[], None]]:
 
 # -- the measurement --------------------------------------------------------------------------
 
-def timed(run: Callable[[], None]) -> float:
+def timed(run: Callable[[], None], plan: Plan | None = None) -> float:
     sync()
+    if plan is not None:
+        plan.clock_started()
     t0 = time.perf_counter()
     run()
     sync()
@@ -207,7 +223,7 @@ def timed(run: Callable[[], None]) -> float:
 def new_plan(args: argparse.Namespace, torch_process: bool = True) -> Plan:
     return Plan(args.block, args.groups, args.after, args.windows,
                 torch_launch_probe() if torch_process else None, turns=Turns.from_env(),
-                control=args.control)
+                control=args.control, work_counter=WorkCounter.open())
 
 
 def torch_launch_probe() -> Callable[[], float]:
@@ -246,7 +262,12 @@ def process_state() -> dict[str, Any]:
 
     import torch
 
-    return {"threads": sorted(t.name for t in threading.enumerate()),
+    try:  # native threads too (Kineto's, CUDA's): a thread left running takes CPU time
+        tasks = sorted(open(f"/proc/self/task/{t}/comm").read().strip()
+                       for t in os.listdir("/proc/self/task"))
+    except OSError:
+        tasks = []
+    return {"threads": sorted(t.name for t in threading.enumerate()), "tasks": tasks,
             "gc_enabled": gc.isenabled(), "gc_counts": list(gc.get_count()),
             "profile_fn": repr(sys.getprofile()), "trace_fn": repr(sys.gettrace()),
             "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
@@ -274,9 +295,10 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
     times: list[tuple[bool, Block]] = []
     for hooked in plan.always_on_order():
         plan.start_block()  # first: in a paired run, the hook starts in this process's turn
-        prof = GpuProfiler(os.path.join(logdir, "always_on")).start() if hooked else None
+        prof = (GpuProfiler(os.path.join(logdir, "always_on")).start()
+                if hooked and plain != "none" else None)
         block(prof, LEAD_IN)  # untimed, in both arms (BlockClock)
-        times.append((hooked, plan.end_block(timed(lambda p=prof: block(p)) / n)))
+        times.append((hooked, plan.end_block(timed(lambda p=prof: block(p), plan) / n)))
         if prof is not None:
             prof.close()
     plan.record_always_on(times)
@@ -291,7 +313,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
             busy = window is not None and not window.wait(0)
             plan.start_block()
             block(window, LEAD_IN)
-            ms = timed(lambda w=window: block(w)) / n
+            ms = timed(lambda w=window: block(w), plan) / n
             running = window is not None and not window.wait(0)
             if not plan.record_post(plan.end_block(ms), busy and running):
                 break
@@ -311,6 +333,11 @@ def window_torch(logdir: str, k: int, model: Any, step: Callable[[], None],
 
     from tb_gpuprof.torch import GpuProfiler
 
+    if plain == "none":  # the null: the window's iterations, unprofiled, and a pause
+        for _ in range(WINDOW[1] + 1):
+            step()
+        time.sleep(2.0)
+        return None
     if plain is None:
         prof = GpuProfiler(os.path.join(logdir, f"window{k}"), iter_start=WINDOW[0],
                            iter_stop=WINDOW[1], model=model).start()
@@ -361,6 +388,7 @@ class BlockClock:
                 prepare()
         if pos == LEAD_IN:
             self.sync()
+            self.plan.clock_started()
             self.t0 = time.perf_counter()
         return pos == 0
 
@@ -634,7 +662,7 @@ def bench_control(args: argparse.Namespace) -> dict[str, Any]:
         while plan.start_block():
             for _ in range(LEAD_IN):
                 step()
-            plan.end_block(timed(lambda: [step() for _ in range(n)]) / n)
+            plan.end_block(timed(lambda: [step() for _ in range(n)], plan) / n)
         return plan.control_result()
     backend = args.hook.split("-", 1)[1]
     os.environ["KERAS_BACKEND"] = backend
@@ -671,6 +699,8 @@ def run_one(args: argparse.Namespace) -> dict[str, Any]:
                 **bench_control(args)}
     if hook == "torch":
         res = bench_torch(args, None)
+    elif hook == "none":
+        res = bench_torch(args, "none")
     elif hook.startswith("plain-profiler"):
         res = bench_torch(args, "teardown" if hook.endswith("teardown") else "stay")
     elif hook == "lightning":
@@ -707,7 +737,10 @@ def child_row(proc: subprocess.CompletedProcess[str], hook: str, workload: str,
 
 
 def cpu_set(args: argparse.Namespace) -> set[int] | None:
-    """--cpus N: the first N CPUs this process may run on (None: no pinning)."""
+    """--cpus N: the first N CPUs this process may run on; --cpu-list: those (None: no
+    pinning)."""
+    if args.cpu_list:
+        return {int(c) for c in args.cpu_list.split(",")}
     if args.cpus <= 0:
         return None
     allowed = sorted(os.sched_getaffinity(0))
@@ -788,7 +821,7 @@ def run_all(args: argparse.Namespace) -> int:
             t0 = time.perf_counter()
             row = (run_paired if args.paired else run_single)(args, hook, workload)
             row["seconds"] = round(time.perf_counter() - t0, 1)
-            if args.cpus > 0:
+            if args.cpus > 0 or args.cpu_list:
                 row["cpus"] = sorted(cpu_set(args) or ())
             rows.append(row)
             print(format_row(row), flush=True)
@@ -819,20 +852,48 @@ def format_row(r: dict[str, Any]) -> str:
             f"{g('during_analysis')} | after {g('after_window')} | launch probe during "
             f"{r.get('during_analysis_launch_ratio')} {r.get('during_analysis_launch_ci90')} "
             f"after {r.get('after_window_launch_ratio')} {r.get('after_window_launch_ci90')} "
-            f"| blocks {r['blocks']}, {r.get('seconds', '?')} s" + format_paired(r))
+            f"| blocks {r['blocks']}, {r.get('seconds', '?')} s" + format_paired(r)
+            + format_work(r))
+
+
+def format_work(r: dict[str, Any]) -> str:
+    """The training thread's counts as ratios, the other threads' CPU share, the switches."""
+    w = r.get("work")
+    if not w:
+        return ""
+    parts = []
+    for name in ("instructions", "cycles", "thread_cpu_ns"):
+        if f"{name}_per_block_bare" not in w:
+            continue
+        parts.append(f"{name}: " + " | ".join(
+            f"{phase} " + format_ratio(w.get(f"{phase}_{name}_ratio"),
+                                       w.get(f"{phase}_{name}_ci90"), w.get(f"{phase}_{name}_n"))
+            for phase in ("always_on", "during_analysis", "after_window")))
+    phases = ("bare", "hooked", "during", "after")
+    parts.append("other threads' CPU / wall: " + ", ".join(
+        f"{ph} {w.get(f'{ph}_others_cpu_share')}" for ph in phases))
+    parts.append("switches per block (voluntary/involuntary): " + ", ".join(
+        f"{ph} {w.get(f'{ph}_voluntary_switches_median')}/"
+        f"{w.get(f'{ph}_involuntary_switches_median')}" for ph in phases))
+    return "".join(f"\n{'':34s} {p}" for p in parts)
 
 
 def format_paired(r: dict[str, Any]) -> str:
     if "paired_null_ratio" not in r:
         return f" | control ERROR {r['control_error']}" if "control_error" in r else ""
 
-    def g(name: str) -> str:
-        return format_ratio(r.get(f"{name}_paired"), r.get(f"{name}_paired_ci90"),
-                            r.get(f"{name}_paired_n"))
+    def g(name: str, tag: str) -> str:
+        return format_ratio(r.get(f"{name}_{tag}"), r.get(f"{name}_{tag}_ci90"),
+                            r.get(f"{name}_{tag}_n"))
 
-    return (f"\n{'':34s} paired with a control process (null {r['paired_null_ratio']} "
-            f"n={r['paired_null_n']}): always-on {g('always_on')} | during "
-            f"{g('during_analysis')} | after {g('after_window')}")
+    out = ""
+    for tag, what in (("paired", "paired with a control process"),
+                      ("paired_matched", "... its blocks whose probes agree")):
+        if f"{tag}_null_ratio" in r:
+            out += (f"\n{'':34s} {what} (null {r[f'{tag}_null_ratio']} "
+                    f"n={r[f'{tag}_null_n']}): always-on {g('always_on', tag)} | during "
+                    f"{g('during_analysis', tag)} | after {g('after_window', tag)}")
+    return out
 
 
 def main() -> int:

@@ -152,20 +152,70 @@ def paired_summary(row: dict[str, Any], control_blocks: Sequence[Sequence[float]
         return [(b[0], b[1], b[2], b[3]) for b in xs]
 
     ctrl = sorted(control_blocks)
-    null = paired_ratios(blocks([b for b, _ in raw["pairs"]]), times["bare"], ctrl)
-    out: dict[str, Any] = {"paired_null_ratio": round(statistics.median(null), 4) if null
-                           else None, "paired_null_n": len(null),
-                           "control_blocks_n": len(ctrl)}
-    for name, xs, t in (("always_on", [h for _, h in raw["pairs"]], times["hooked"]),
-                        ("during_analysis", raw["during"], times["during"]),
-                        ("after_window", raw["after"], times["after"])):
-        r = paired_ratios(blocks(xs), t, ctrl)
-        out[f"{name}_paired_n"] = len(r)
-        out[f"{name}_paired"] = None
-        if r and null:
-            out[f"{name}_paired"] = round(statistics.median(r) / statistics.median(null), 4)
-            out[f"{name}_paired_ci90"] = bootstrap_ci(lambda g, r=r: statistics.median(
-                g.choices(r, k=len(r))) / statistics.median(g.choices(null, k=len(null))))
+    out: dict[str, Any] = {"control_blocks_n": len(ctrl)}
+    # matched: only triples whose probes agree on the host state; worth it where the two
+    # processes share one vCPU (--cpu-list with one CPU), whose state they then both see
+    for tag, matched in (("paired", False), ("paired_matched", True)):
+        null = paired_ratios(blocks([b for b, _ in raw["pairs"]]), times["bare"], ctrl,
+                             matched)
+        out[f"{tag}_null_ratio"] = round(statistics.median(null), 4) if null else None
+        out[f"{tag}_null_n"] = len(null)
+        for name, xs, t in (("always_on", [h for _, h in raw["pairs"]], times["hooked"]),
+                            ("during_analysis", raw["during"], times["during"]),
+                            ("after_window", raw["after"], times["after"])):
+            r = paired_ratios(blocks(xs), t, ctrl, matched)
+            out[f"{name}_{tag}_n"] = len(r)
+            out[f"{name}_{tag}"] = None
+            if r and null:
+                out[f"{name}_{tag}"] = round(statistics.median(r) / statistics.median(null), 4)
+                out[f"{name}_{tag}_ci90"] = bootstrap_ci(lambda g, r=r, null=null: (
+                    statistics.median(g.choices(r, k=len(r)))
+                    / statistics.median(g.choices(null, k=len(null)))))
+    return out
+
+
+WORK_FIELDS = ("instructions", "cycles", "thread_cpu_ns", "others_cpu_ns",
+               "voluntary_switches", "involuntary_switches", "wall_ns")
+
+
+def _ratio_summary(out: dict[str, Any], name: str, bw: dict[str, list[Any]], f: int) -> None:
+    bare = [w[f] for w in bw["bare"] if w and w[f] > 0]
+    pairs = [(b[f], h[f]) for b, h in zip(bw["bare"], bw["hooked"], strict=True)
+             if b and h and b[f] > 0]
+    if not bare or not pairs:
+        return
+    ref = statistics.median(bare)
+    out[f"{name}_per_block_bare"] = round(ref)
+    for phase, ratios in (("always_on", [h / b for b, h in pairs]),
+                          ("during_analysis", [w[f] / ref for w in bw["during"] if w]),
+                          ("after_window", [w[f] / ref for w in bw["after"] if w])):
+        out[f"{phase}_{name}_ratio"] = round(statistics.median(ratios), 4) if ratios else None
+        out[f"{phase}_{name}_n"] = len(ratios)
+        if ratios:
+            out[f"{phase}_{name}_ci90"] = bootstrap_ci(lambda r, v=ratios: statistics.median(
+                r.choices(v, k=len(v))))
+
+
+def work_summary(bw: dict[str, list[Any]]) -> dict[str, Any]:
+    """The blocks' counts (work_counter.Work differences, then the wall ns; None where a
+    block has none) like the times: hooked / bare over the always-on pairs, and the blocks
+    during and after the analysis over the bare blocks' median, for the training thread's
+    instructions and cycles (where counted: the host's speed does not change instructions,
+    so no state matching) and CPU time. The other threads' CPU time is given as its share of
+    the block's wall time (the mean over each phase's blocks: a writer's burst in one block
+    of ten is a tenth of its cost, not nothing), the switches as medians per block."""
+    out: dict[str, Any] = {}
+    for f, name in enumerate(WORK_FIELDS[:3]):
+        _ratio_summary(out, name, bw, f)
+    others, wall = WORK_FIELDS.index("others_cpu_ns"), WORK_FIELDS.index("wall_ns")
+    for phase in ("bare", "hooked", "during", "after"):
+        ws = [w for w in bw[phase] if w and len(w) > wall and w[wall] > 0]
+        out[f"{phase}_others_cpu_share"] = (round(sum(w[others] for w in ws)
+                                                  / sum(w[wall] for w in ws), 5)
+                                            if ws else None)
+        for name in WORK_FIELDS[4:6]:
+            xs = [w[WORK_FIELDS.index(name)] for w in bw[phase] if w]
+            out[f"{phase}_{name}_median"] = statistics.median(xs) if xs else None
     return out
 
 
@@ -188,6 +238,8 @@ def from_recorded(row: dict[str, Any]) -> dict[str, Any]:
     out = plan.result(keep)
     if row.get("block_times") and row.get("control_blocks"):
         out.update(paired_summary(row, row["control_blocks"]))
+    if row.get("block_work"):
+        out["work"] = work_summary(row["block_work"])
     return out
 
 
@@ -283,8 +335,14 @@ class Plan:
 
     def __init__(self, block: int, groups: int, after: int, windows: int,
                  launch_probe: Callable[[], float] | None = None,
-                 turns: Turns | None = None, control: bool = False) -> None:
+                 turns: Turns | None = None, control: bool = False,
+                 work_counter: Any = None) -> None:
         self.launch_probe = launch_probe
+        # work_counter.WorkCounter or None: the training thread's counts over each timed
+        # part of a block (clock_started() to end_block())
+        self.work_counter = work_counter
+        self.work_start: Sequence[int] | None = None
+        self.work_of: dict[int, list[int]] = {}
         self.turns, self.control = turns, control
         # (host clock at the block's start and end, the block): pairs blocks with the
         # control process's (time.perf_counter is CLOCK_MONOTONIC: one clock for both)
@@ -317,10 +375,21 @@ class Plan:
         self.t_start = time.perf_counter()
         return True
 
+    def clock_started(self) -> None:
+        """The timed part of a block starts now (after the lead-in and a synchronization)."""
+        if self.work_counter is not None:
+            self.work_start = self.work_counter.read()
+
     def end_block(self, ms: float) -> Block:
         t_end = time.perf_counter()
+        work = self.work_counter.read() if self.work_counter is not None else None
         b = (ms, self.probe_before, cpu_probe_ms(), self.launch_before)
         self.timeline.append((self.t_start, t_end, b))
+        if work is not None and self.work_start is not None:
+            # the block's counts, then its timed wall time in ns (work_summary's shares)
+            self.work_of[id(b)] = [x - y for x, y in zip(work, self.work_start, strict=True)] \
+                + [round(ms * self.block_iterations * 1e6)]
+        self.work_start = None
         return b
 
     def block_times(self, blocks: Sequence[Block]) -> list[list[float]]:
@@ -378,6 +447,13 @@ class Plan:
             "blocks": {"pairs": len(self.pairs), "bare": len(self.bare),
                        "during": len(self.during), "after": len(self.post)},
             "raw_blocks": {"pairs": self.pairs, "during": self.during, "after": self.post}}
+        if self.work_of:
+            bw = {"bare": [self.work_of.get(id(b)) for b, _ in self.pairs],
+                  "hooked": [self.work_of.get(id(h)) for _, h in self.pairs],
+                  "during": [self.work_of.get(id(b)) for b in self.during],
+                  "after": [self.work_of.get(id(b)) for b in self.post]}
+            out["block_work"] = bw
+            out["work"] = work_summary(bw)
         if self.timeline:
             out["block_times"] = {
                 "bare": self.block_times([b for b, _ in self.pairs]),

@@ -101,6 +101,34 @@ def test_a_paired_ratio_cancels_a_drift_the_in_process_one_reports() -> None:
     assert again["after_window_paired"] == paired["after_window_paired"]
 
 
+
+def test_matched_pairs_leave_out_the_blocks_where_the_shared_vcpu_switched() -> None:
+    # Both processes on one vCPU that switches between its fast and slow state every few
+    # blocks; the treated one costs 1 % after its window. A pair that straddles a switch
+    # compares a fast block with slow neighbours: the matched ratio leaves those out.
+    rng = random.Random(6)
+    treated, control, t = [], [], 0.0
+    state = FAST
+    for i in range(400):
+        if rng.random() < 0.15:
+            state = SLOW if state is FAST else FAST
+        for who in (control, treated):
+            cost = 1.01 if who is treated and i >= 200 else 1.0
+            b = block(state, cost, rng)
+            who.append((t, t + 0.15, b))
+            t += 0.16
+    control.append((t, t + 0.15, block(state, 1.0, rng)))
+    plan = Plan(5, 0, 0, 1)
+    plan.pairs = [(b, b) for _, _, b in treated[:200]]
+    plan.bare, plan.post = [b for _, b in plan.pairs], [b for _, _, b in treated[200:]]
+    plan.timeline = treated
+    paired = paired_summary(plan.result({}), [[t0, t1, *b] for t0, t1, b in control])
+    assert paired["after_window_paired_matched_n"] < paired["after_window_paired_n"]
+    lo, hi = paired["after_window_paired_matched_ci90"]
+    assert lo < 1.01 < hi and hi - lo < 0.01
+    assert 1.005 < paired["after_window_paired_matched"] < 1.015
+
+
 CHILD = """
 import sys, time
 sys.path.insert(0, {bench!r})
@@ -133,3 +161,92 @@ def test_the_coordinator_alternates_two_real_processes_until_the_treated_one_exi
     merged = sorted([(t0, t1, "a") for t0, t1 in a] + [(t0, t1, "b") for t0, t1 in b])
     assert [w for _, _, w in merged] == ["a", "b"] * 6  # strictly in turn
     assert all(x[1] <= y[0] for x, y in itertools.pairwise(merged))  # never overlapping
+
+
+class CountingWork:
+    """A stand-in for work_counter.WorkCounter's hardware counts (CI machines have none): it
+    counts what the test says the thread did, 1000 instructions per unit of work."""
+
+    def __init__(self) -> None:
+        self.done = 0
+        self.cycles = 0
+
+    def read(self) -> list[int]:
+        return [self.done * 1000, self.cycles, 0, 0, 0, 0]
+
+
+def test_the_work_ratios_see_a_cost_that_time_hides_in_drift() -> None:
+    counter = CountingWork()
+    plan = Plan(5, 10, 25, 1, work_counter=counter)
+    rng = random.Random(5)
+    times = []
+    for hooked in plan.always_on_order():
+        plan.start_block()
+        plan.clock_started()
+        counter.done += 100 * (1.004 if hooked else 1.0)  # a 0.4 % cost of the hook
+        counter.cycles += 50
+        times.append((hooked, plan.end_block(rng.uniform(20, 40))))  # time: drift only
+    plan.record_always_on(times)
+    plan.begin_window()
+    while True:
+        plan.start_block()
+        plan.clock_started()
+        counter.done += 103  # 3 % more work after the window
+        counter.cycles += 50
+        if not plan.record_post(plan.end_block(rng.uniform(20, 40)), False):
+            break
+    work = plan.result({})["work"]
+    assert work["always_on_instructions_ratio"] == 1.004
+    assert work["after_window_instructions_ratio"] == 1.03
+    assert work["after_window_instructions_n"] == 5
+    assert work["always_on_cycles_ratio"] == 1.0
+    # a recorded row gives the same figures again
+    again = from_recorded({**plan.result({}), "hook": "torch", "workload": "gpt2"})
+    assert again["work"] == work
+    # work done outside the timed part (hook start-up, the probes) is not counted
+    plan2 = Plan(5, 1, 5, 1, work_counter=counter)
+    plan2.start_block()
+    counter.done += 500
+    plan2.clock_started()
+    counter.done += 100
+    plan2.end_block(30.0)
+    assert list(plan2.work_of.values()) == [[100000, 0, 0, 0, 0, 0, 150_000_000]]
+
+
+def test_the_work_counter_counts_the_other_threads_cpu_and_its_own() -> None:
+    import hashlib
+    import threading
+    import time
+
+    from work_counter import WorkCounter
+
+    counter = WorkCounter.open()
+    go, done, stop = threading.Event(), threading.Event(), threading.Event()
+    own: list[int] = []
+
+    def worker() -> None:  # a hook thread: idle, a burst of work (GIL released), idle
+        go.wait()
+        t0 = time.thread_time_ns()
+        data = b"x" * (8 << 20)
+        for _ in range(20):
+            hashlib.sha256(data).digest()
+        own.append(time.thread_time_ns() - t0)
+        done.set()
+        stop.wait()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    before = counter.read()
+    go.set()
+    done.wait()
+    after = counter.read()
+    stop.set()
+    thread.join()
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    assert own[0] > 0.02e9
+    assert 0.9 * own[0] < delta[3] < 1.1 * own[0] + 5e6  # the burst, as the thread saw it
+    assert delta[2] < 0.5 * own[0]  # this thread mostly waited
+    if counter.hardware:  # where the kernel has hardware counters
+        assert delta[0] > 0 and delta[1] > 0
+    else:
+        assert delta[0] == delta[1] == 0
