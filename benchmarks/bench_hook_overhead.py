@@ -872,9 +872,10 @@ def format_work(r: dict[str, Any]) -> str:
     phases = ("bare", "hooked", "during", "after")
     parts.append("other threads' CPU / wall: " + ", ".join(
         f"{ph} {w.get(f'{ph}_others_cpu_share')}" for ph in phases))
-    parts.append("switches per block (voluntary/involuntary): " + ", ".join(
+    parts.append("per block, switches voluntary/involuntary, minor faults: " + ", ".join(
         f"{ph} {w.get(f'{ph}_voluntary_switches_median')}/"
-        f"{w.get(f'{ph}_involuntary_switches_median')}" for ph in phases))
+        f"{w.get(f'{ph}_involuntary_switches_median')}, {w.get(f'{ph}_minor_faults_median')}"
+        for ph in phases))
     return "".join(f"\n{'':34s} {p}" for p in parts)
 
 
@@ -887,6 +888,14 @@ def format_paired(r: dict[str, Any]) -> str:
                             r.get(f"{name}_{tag}_n"))
 
     out = ""
+    if r.get("during_analysis_paired_mean") is not None:
+        out += (f"\n{'':34s} paired, means: during "
+                + format_ratio(r["during_analysis_paired_mean"],
+                               r.get("during_analysis_paired_mean_ci90"),
+                               r.get("during_analysis_paired_n"))
+                + " | after " + format_ratio(r.get("after_window_paired_mean"),
+                                             r.get("after_window_paired_mean_ci90"),
+                                             r.get("after_window_paired_n")))
     for tag, what in (("paired", "paired with a control process"),
                       ("paired_matched", "... its blocks whose probes agree")):
         if f"{tag}_null_ratio" in r:

@@ -171,11 +171,19 @@ def paired_summary(row: dict[str, Any], control_blocks: Sequence[Sequence[float]
                 out[f"{name}_{tag}_ci90"] = bootstrap_ci(lambda g, r=r, null=null: (
                     statistics.median(g.choices(r, k=len(r)))
                     / statistics.median(g.choices(null, k=len(null)))))
+            if r and null and not matched:
+                # the mean as well: a stall in one block of ten (the trace export holding
+                # the GIL) is a tenth of the phase's cost, which a median does not show
+                out[f"{name}_{tag}_mean"] = round(statistics.fmean(r) / statistics.fmean(null),
+                                                  4)
+                out[f"{name}_{tag}_mean_ci90"] = bootstrap_ci(lambda g, r=r, null=null: (
+                    statistics.fmean(g.choices(r, k=len(r)))
+                    / statistics.fmean(g.choices(null, k=len(null)))))
     return out
 
 
 WORK_FIELDS = ("instructions", "cycles", "thread_cpu_ns", "others_cpu_ns",
-               "voluntary_switches", "involuntary_switches", "wall_ns")
+               "voluntary_switches", "involuntary_switches", "minor_faults", "wall_ns")
 
 
 def _ratio_summary(out: dict[str, Any], name: str, bw: dict[str, list[Any]], f: int) -> None:
@@ -203,7 +211,8 @@ def work_summary(bw: dict[str, list[Any]]) -> dict[str, Any]:
     instructions and cycles (where counted: the host's speed does not change instructions,
     so no state matching) and CPU time. The other threads' CPU time is given as its share of
     the block's wall time (the mean over each phase's blocks: a writer's burst in one block
-    of ten is a tenth of its cost, not nothing), the switches as medians per block."""
+    of ten is a tenth of its cost, not nothing), the switches and faults as medians per
+    block."""
     out: dict[str, Any] = {}
     for f, name in enumerate(WORK_FIELDS[:3]):
         _ratio_summary(out, name, bw, f)
@@ -213,7 +222,7 @@ def work_summary(bw: dict[str, list[Any]]) -> dict[str, Any]:
         out[f"{phase}_others_cpu_share"] = (round(sum(w[others] for w in ws)
                                                   / sum(w[wall] for w in ws), 5)
                                             if ws else None)
-        for name in WORK_FIELDS[4:6]:
+        for name in WORK_FIELDS[4:7]:
             xs = [w[WORK_FIELDS.index(name)] for w in bw[phase] if w]
             out[f"{phase}_{name}_median"] = statistics.median(xs) if xs else None
     return out

@@ -14,8 +14,9 @@ every launch, a collection, our own calls) or work beside it that takes the GIL 
 - the CPU time of the training thread and of every other Python thread of the process
   (``pthread_getcpuclockid``): the hooks' threads. Their share of the block's wall time
   bounds what they can take from a GIL-bound loop (their Python work holds the GIL).
-- the training thread's voluntary and involuntary context switches
-  (``getrusage(RUSAGE_THREAD)``): waits (the GIL, I/O) and preemption.
+- the training thread's voluntary and involuntary context switches and minor page faults
+  (``getrusage(RUSAGE_THREAD)``): waits (the GIL, I/O), preemption, and memory the allocator
+  had given back and must map again (after a window's results are freed, say).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Work(NamedTuple):
     others_cpu_ns: int  # the process's other Python threads, while they were seen alive
     voluntary_switches: int
     involuntary_switches: int
+    minor_faults: int  # the training thread's: memory it touched that had to be mapped again
 
 
 def _open(config: int) -> int:
@@ -109,7 +111,7 @@ class WorkCounter:
         ins, cyc = (self._value(fd) for fd in self.fds) if self.fds else (-1, -1)
         ru = resource.getrusage(resource.RUSAGE_THREAD)
         return Work(ins, cyc, time.thread_time_ns(), self._others_cpu_ns(),
-                    ru.ru_nvcsw, ru.ru_nivcsw)
+                    ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_minflt)
 
     def _others_cpu_ns(self) -> int:
         """The other threads' CPU time since each was first seen, summed: a thread first seen

@@ -95,6 +95,7 @@ def test_a_paired_ratio_cancels_a_drift_the_in_process_one_reports() -> None:
     control_blocks = [[t0, t1, *b] for t0, t1, b in control]
     paired = paired_summary(row, control_blocks)
     assert 1.005 < paired["after_window_paired"] < 1.015
+    assert 1.005 < paired["after_window_paired_mean"] < 1.015
     assert paired["after_window_paired_n"] == 100
     assert 1.02 < paired["paired_null_ratio"] < 1.04  # the processes' fixed difference
     again = from_recorded({**row, "control_blocks": control_blocks})
@@ -172,7 +173,7 @@ class CountingWork:
         self.cycles = 0
 
     def read(self) -> list[int]:
-        return [self.done * 1000, self.cycles, 0, 0, 0, 0]
+        return [self.done * 1000, self.cycles, 0, 0, 0, 0, 0]
 
 
 def test_the_work_ratios_see_a_cost_that_time_hides_in_drift() -> None:
@@ -210,7 +211,7 @@ def test_the_work_ratios_see_a_cost_that_time_hides_in_drift() -> None:
     plan2.clock_started()
     counter.done += 100
     plan2.end_block(30.0)
-    assert list(plan2.work_of.values()) == [[100000, 0, 0, 0, 0, 0, 150_000_000]]
+    assert list(plan2.work_of.values()) == [[100000, 0, 0, 0, 0, 0, 0, 150_000_000]]
 
 
 def test_the_work_counter_counts_the_other_threads_cpu_and_its_own() -> None:
@@ -250,3 +251,21 @@ def test_the_work_counter_counts_the_other_threads_cpu_and_its_own() -> None:
         assert delta[0] > 0 and delta[1] > 0
     else:
         assert delta[0] == delta[1] == 0
+
+
+def test_the_paired_mean_sees_a_stall_in_one_block_that_the_median_hides() -> None:
+    rng = random.Random(7)
+    treated, control, t = [], [], 0.0
+    for i in range(120):
+        for who in (control, treated):
+            cost = 1.5 if who is treated and i >= 100 and i % 10 == 0 else 1.0  # 1 in 10
+            who.append((t, t + 0.15, block(SLOW, cost, rng)))
+            t += 0.16
+    control.append((t, t + 0.15, block(SLOW, 1.0, rng)))
+    plan = Plan(5, 0, 0, 1)
+    plan.pairs = [(b, b) for _, _, b in treated[:100]]
+    plan.bare, plan.post = [b for _, b in plan.pairs], [b for _, _, b in treated[100:]]
+    plan.timeline = treated
+    paired = paired_summary(plan.result({}), [[t0, t1, *b] for t0, t1, b in control])
+    assert paired["after_window_paired"] < 1.01
+    assert 1.04 < paired["after_window_paired_mean"] < 1.06
