@@ -8,6 +8,8 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 
@@ -72,27 +74,39 @@ def test_a_recorded_row_summarises_as_the_run_did() -> None:
     assert again["after_window_n"] == 0  # no bare block of the slow state to compare with
 
 
+def paired_run(turns: int, bare_turns: int, rng: random.Random,
+               scale: Callable[[int, bool], float],
+               state: Callable[[int], tuple[float, float]] = lambda i: SLOW,
+               ) -> tuple[dict[str, Any], list[list[float]]]:
+    """A treated and a control process taking turns, one block each per turn: the treated
+    one's first ``bare_turns`` blocks are its bare (always-on) blocks, the rest "after".
+    ``scale(turn, treated)``: a block's time factor; ``state(turn)``: the host state then.
+    Returns the treated row (Plan.result) and the control blocks."""
+    treated, control, t = [], [], 0.0
+    for i in range(turns):
+        for who in (control, treated):
+            who.append((t, t + 0.15, block(state(i), scale(i, who is treated), rng)))
+            t += 0.16
+    control.append((t, t + 0.15, block(state(turns), scale(turns, False), rng)))
+    plan = Plan(5, 0, 0, 1)
+    plan.pairs = [(b, b) for _, _, b in treated[:bare_turns]]
+    plan.bare = [b for _, b in plan.pairs]
+    plan.post = [b for _, _, b in treated[bare_turns:]]
+    plan.timeline = treated
+    return plan.result({}), [[t0, t1, *b] for t0, t1, b in control]
+
+
 def test_a_paired_ratio_cancels_a_drift_the_in_process_one_reports() -> None:
     # The host slows by 20% over the run; the treated process costs a true 1% after its
-    # window. In-process, the late "after" blocks look 20% slower than the early bare ones;
-    # against a control process timed in turn with it, the 1% is what remains.
-    rng = random.Random(4)
-    treated, control, t = [], [], 0.0
-    for i in range(200):
-        drift = 1.0 + 0.2 * i / 200
-        for who in (control, treated):
-            cost = 1.01 if who is treated and i >= 100 else 1.0
-            b = block(SLOW, drift * cost * (1.03 if who is treated else 1.0), rng)
-            who.append((t, t + 0.15, b))
-            t += 0.16
-    control.append((t, t + 0.15, block(SLOW, 1.2, rng)))
-    plan = Plan(5, 0, 0, 1)
-    plan.pairs = [(b, b) for _, _, b in treated[:100]]
-    plan.bare, plan.post = [b for _, b in plan.pairs], [b for _, _, b in treated[100:]]
-    plan.timeline = treated
-    row = plan.result({})
+    # window (and 3% throughout: the two processes' fixed difference). In-process, the late
+    # "after" blocks look 20% slower than the early bare ones; against a control process
+    # timed in turn with it, the 1% is what remains.
+    def scale(i: int, treated: bool) -> float:
+        return (1.0 + 0.2 * i / 200) * ((1.03 * (1.01 if i >= 100 else 1.0)) if treated
+                                         else 1.0)
+
+    row, control_blocks = paired_run(200, 100, random.Random(4), scale)
     assert row["after_window_ratio"] > 1.1  # the drift
-    control_blocks = [[t0, t1, *b] for t0, t1, b in control]
     paired = paired_summary(row, control_blocks)
     assert 1.005 < paired["after_window_paired"] < 1.015
     assert 1.005 < paired["after_window_paired_mean"] < 1.015
@@ -102,32 +116,32 @@ def test_a_paired_ratio_cancels_a_drift_the_in_process_one_reports() -> None:
     assert again["after_window_paired"] == paired["after_window_paired"]
 
 
-
 def test_matched_pairs_leave_out_the_blocks_where_the_shared_vcpu_switched() -> None:
     # Both processes on one vCPU that switches between its fast and slow state every few
     # blocks; the treated one costs 1 % after its window. A pair that straddles a switch
     # compares a fast block with slow neighbours: the matched ratio leaves those out.
     rng = random.Random(6)
-    treated, control, t = [], [], 0.0
-    state = FAST
-    for i in range(400):
-        if rng.random() < 0.15:
-            state = SLOW if state is FAST else FAST
-        for who in (control, treated):
-            cost = 1.01 if who is treated and i >= 200 else 1.0
-            b = block(state, cost, rng)
-            who.append((t, t + 0.15, b))
-            t += 0.16
-    control.append((t, t + 0.15, block(state, 1.0, rng)))
-    plan = Plan(5, 0, 0, 1)
-    plan.pairs = [(b, b) for _, _, b in treated[:200]]
-    plan.bare, plan.post = [b for _, b in plan.pairs], [b for _, _, b in treated[200:]]
-    plan.timeline = treated
-    paired = paired_summary(plan.result({}), [[t0, t1, *b] for t0, t1, b in control])
+    states = [FAST]
+    for _ in range(400):
+        states.append((SLOW if states[-1] is FAST else FAST) if rng.random() < 0.15
+                      else states[-1])
+    row, control_blocks = paired_run(
+        400, 200, rng, lambda i, treated: 1.01 if treated and i >= 200 else 1.0,
+        lambda i: states[i])
+    paired = paired_summary(row, control_blocks)
     assert paired["after_window_paired_matched_n"] < paired["after_window_paired_n"]
     lo, hi = paired["after_window_paired_matched_ci90"]
     assert lo < 1.01 < hi and hi - lo < 0.01
     assert 1.005 < paired["after_window_paired_matched"] < 1.015
+
+
+def test_the_paired_mean_sees_a_stall_in_one_block_that_the_median_hides() -> None:
+    row, control_blocks = paired_run(
+        120, 100, random.Random(7),
+        lambda i, treated: 1.5 if treated and i >= 100 and i % 10 == 0 else 1.0)  # 1 in 10
+    paired = paired_summary(row, control_blocks)
+    assert paired["after_window_paired"] < 1.01
+    assert 1.04 < paired["after_window_paired_mean"] < 1.06
 
 
 CHILD = """
@@ -251,21 +265,3 @@ def test_the_work_counter_counts_the_other_threads_cpu_and_its_own() -> None:
         assert delta[0] > 0 and delta[1] > 0
     else:
         assert delta[0] == delta[1] == 0
-
-
-def test_the_paired_mean_sees_a_stall_in_one_block_that_the_median_hides() -> None:
-    rng = random.Random(7)
-    treated, control, t = [], [], 0.0
-    for i in range(120):
-        for who in (control, treated):
-            cost = 1.5 if who is treated and i >= 100 and i % 10 == 0 else 1.0  # 1 in 10
-            who.append((t, t + 0.15, block(SLOW, cost, rng)))
-            t += 0.16
-    control.append((t, t + 0.15, block(SLOW, 1.0, rng)))
-    plan = Plan(5, 0, 0, 1)
-    plan.pairs = [(b, b) for _, _, b in treated[:100]]
-    plan.bare, plan.post = [b for _, b in plan.pairs], [b for _, _, b in treated[100:]]
-    plan.timeline = treated
-    paired = paired_summary(plan.result({}), [[t0, t1, *b] for t0, t1, b in control])
-    assert paired["after_window_paired"] < 1.01
-    assert 1.04 < paired["after_window_paired_mean"] < 1.06
