@@ -196,51 +196,42 @@ class _MemoryArgs(msgspec.Struct, gc=False, frozen=True):
     addr: int | None = msgspec.field(default=None, name="Addr")
 
 
-class _OpEvent(_Tagged, tag="cpu_op"):
+class _Timed(_Tagged):  # the fields every timed event has (not a category of its own)
     name: str = ""
-    tid: int | str | None = None
     ts: float = 0.0
     dur: float = 0.0
+
+
+class _OnThread(_Timed):
+    tid: int | str | None = None
+
+
+class _OnDevice(_OnThread):
+    pid: int | str | None = None
+
+
+class _OpEvent(_OnThread, tag="cpu_op"):
     args: _OpEventArgs = _OpEventArgs()
 
 
-class _PythonEvent(_Tagged, tag="python_function"):
-    name: str = ""
-    tid: int | str | None = None
-    ts: float = 0.0
-    dur: float = 0.0
+class _PythonEvent(_OnThread, tag="python_function"):
+    pass
 
 
-class _RuntimeEvent(_Tagged, tag="cuda_runtime"):
-    name: str = ""
-    tid: int | str | None = None
-    ts: float = 0.0
-    dur: float = 0.0
+class _RuntimeEvent(_OnThread, tag="cuda_runtime"):
     args: _RuntimeArgs = _RuntimeArgs()
 
 
-class _KernelEvent(_Tagged, tag="kernel"):
-    name: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: float = 0.0
-    dur: float = 0.0
+class _KernelEvent(_OnDevice, tag="kernel"):
     args: _KernelArgs = _KernelArgs()
 
 
-class _CopyEvent(_Tagged, tag="gpu_memcpy"):
-    name: str = ""
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: float = 0.0
-    dur: float = 0.0
+class _CopyEvent(_OnDevice, tag="gpu_memcpy"):
     args: _CopyArgs = _CopyArgs()
 
 
-class _AnnotationEvent(_Tagged, tag="user_annotation"):
-    name: str = ""
-    ts: float = 0.0
-    dur: float = 0.0
+class _AnnotationEvent(_Timed, tag="user_annotation"):
+    pass
 
 
 class _InstantEvent(_Tagged, tag="cpu_instant_event"):
@@ -250,10 +241,8 @@ class _InstantEvent(_Tagged, tag="cpu_instant_event"):
     args: _MemoryArgs = _MemoryArgs()
 
 
-class _SpanEvent(_Tagged, tag=_SPAN_CATEGORY):  # the profiler's window
-    ts: float = 0.0
-    dur: float = 0.0
-    name: str = ""
+class _SpanEvent(_Timed, tag=_SPAN_CATEGORY):  # the profiler's window
+    pass
 
 
 class _SkippedEvent(_Tagged):
