@@ -78,15 +78,21 @@ _baseline: tuple[int, int | None] | None = None  # (pid, RSS in KiB after the im
 
 
 def _baseline_kib() -> int | None:
-    """This process's RSS once the analysis is imported, before it analysed anything here.
+    """The least RSS this process has had at the start of an analysis, the first one once
+    the analysis is imported.
 
     A reused worker keeps the memory of its last trace (freed, but not returned to the OS),
     so what a trace costs is measured as the process's peak above this baseline: the
     footprint a worker reaches, which is what admitting one more worker has to allow for.
+    Where the process has since given memory back (RSS now below the baseline), the
+    baseline follows it down: a peak measured from now is never below it.
     """
     global _baseline
+    now = _status_kib("VmRSS:")
     if _baseline is None or _baseline[0] != os.getpid():  # fork copies the parent's
-        _baseline = (os.getpid(), _status_kib("VmRSS:"))
+        _baseline = (os.getpid(), now)
+    elif now is not None and (_baseline[1] is None or now < _baseline[1]):
+        _baseline = (os.getpid(), now)
     return _baseline[1]
 
 
