@@ -262,17 +262,28 @@ def process_state() -> dict[str, Any]:
 
     import torch
 
-    try:  # native threads too (Kineto's, CUDA's): a thread left running takes CPU time
-        tasks = sorted(open(f"/proc/self/task/{t}/comm").read().strip()
-                       for t in os.listdir("/proc/self/task"))
-    except OSError:
-        tasks = []
-    return {"threads": sorted(t.name for t in threading.enumerate()), "tasks": tasks,
+    return {"threads": sorted(t.name for t in threading.enumerate()), "tasks": native_threads(),
             "gc_enabled": gc.isenabled(), "gc_counts": list(gc.get_count()),
             "profile_fn": repr(sys.getprofile()), "trace_fn": repr(sys.gettrace()),
             "torch_profiler_enabled": bool(torch.autograd.profiler._is_profiler_enabled),
             "TEARDOWN_CUPTI": os.environ.get("TEARDOWN_CUPTI"),
             "cpus": sorted(os.sched_getaffinity(0))}
+
+
+def native_threads() -> list[str]:
+    """Every thread's name, native ones too (Kineto's, CUDA's): one left running takes CPU
+    time that threading.enumerate() does not show."""
+    names = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:  # ended since the listing
+                pass
+    except OSError:
+        return []
+    return sorted(names)
 
 
 def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:

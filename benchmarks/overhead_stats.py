@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from work_counter import Work
+
 # (ms per iteration, probe ms just before the block, probe ms just after it, the launch
 # probe's CUDA / CPU time ratio just before the block, or 0.0 where there is none)
 Block = tuple[float, float, float, float]
@@ -182,8 +184,7 @@ def paired_summary(row: dict[str, Any], control_blocks: Sequence[Sequence[float]
     return out
 
 
-WORK_FIELDS = ("instructions", "cycles", "thread_cpu_ns", "others_cpu_ns",
-               "voluntary_switches", "involuntary_switches", "minor_faults", "wall_ns")
+WORK_FIELDS = (*Work._fields, "wall_ns")  # a block's counts, then its timed wall time
 
 
 def _ratio_summary(out: dict[str, Any], name: str, bw: dict[str, list[Any]], f: int) -> None:
@@ -214,16 +215,18 @@ def work_summary(bw: dict[str, list[Any]]) -> dict[str, Any]:
     of ten is a tenth of its cost, not nothing), the switches and faults as medians per
     block."""
     out: dict[str, Any] = {}
-    for f, name in enumerate(WORK_FIELDS[:3]):
-        _ratio_summary(out, name, bw, f)
+    for name in ("instructions", "cycles", "thread_cpu_ns"):
+        _ratio_summary(out, name, bw, WORK_FIELDS.index(name))
     others, wall = WORK_FIELDS.index("others_cpu_ns"), WORK_FIELDS.index("wall_ns")
+    medians = [(WORK_FIELDS.index(name), name) for name in
+               ("voluntary_switches", "involuntary_switches", "minor_faults")]
     for phase in ("bare", "hooked", "during", "after"):
-        ws = [w for w in bw[phase] if w and len(w) > wall and w[wall] > 0]
+        ws = [w for w in bw[phase] if w and w[wall] > 0]
         out[f"{phase}_others_cpu_share"] = (round(sum(w[others] for w in ws)
                                                   / sum(w[wall] for w in ws), 5)
                                             if ws else None)
-        for name in WORK_FIELDS[4:7]:
-            xs = [w[WORK_FIELDS.index(name)] for w in bw[phase] if w]
+        for f, name in medians:
+            xs = [w[f] for w in bw[phase] if w]
             out[f"{phase}_{name}_median"] = statistics.median(xs) if xs else None
     return out
 
