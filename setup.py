@@ -36,6 +36,8 @@ setup(
         "nvidia-ml-py>=12.535",  # NVML (NVIDIA's own binding, not the deprecated pynvml)
         # XPlane through its C decoder (upb, default since 4.21); tensorboard requires it too
         "protobuf>=4.21",
+        # the event files' CRC32C in C (TensorBoard's is pure Python: store/records.py)
+        "google-crc32c>=1.5",
     ],
     extras_require={
         "torch": ["torch>=2.1"],

@@ -16,7 +16,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub import errors as tb_stub_errors
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
-from tb_gpuprof.store import schema
+from tb_gpuprof.store import records, schema
 from tb_gpuprof.store.reader import event_files, iter_events
 from tb_gpuprof.store.writer import EventWriter, save_raw_trace
 
@@ -63,6 +63,29 @@ def test_round_trip_through_tensorboard_reader(tmp_path, real_reports):
     assert decoded == json.loads(json.dumps(report))
     topo = values[(7, schema.TOPOLOGY_TAG)]
     assert schema.decode_json(topo.tensor.string_val[0], "t") == {"gpus": [{"index": 0}]}
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 170, 4096, 1 << 20])
+def test_framing_is_byte_for_byte_tensorboards(size):
+    import io
+    import random
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    data = random.Random(size).randbytes(size)
+    buf = io.BytesIO()
+    RecordWriter(buf).write(data)
+    assert records.frame(data) == buf.getvalue()
+
+
+def test_a_bad_length_crc_ends_the_file_there(tmp_path):
+    path = tmp_path / "events.out.tfevents.1.h"
+    good = [event_pb2.Event(step=i, wall_time=1.0).SerializeToString() for i in range(3)]
+    framed = [records.frame(d) for d in good]
+    torn = bytearray(framed[1])
+    torn[9] ^= 0x10  # a bit of the second record's length CRC (the length itself is intact)
+    path.write_bytes(framed[0] + bytes(torn) + framed[2])
+    assert [e.step for e in iter_events(str(path))] == [0]
 
 
 def test_writer_pulls_in_no_framework(tmp_path):

@@ -8,20 +8,19 @@ corrupt tail of an events file ends that file's data instead of failing the whol
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from ..errors import RunNotFoundError
 from . import layout, schema
 from .layout import is_events_file
+from .records import HEADER as _HEADER
+from .records import masked_crc32c
 
-_HEADER = struct.Struct("<QI")
 # A length this large is a corrupt header, not a record (stored reports are a few MiB).
 _MAX_RECORD_BYTES = 512 * 1024 * 1024
 

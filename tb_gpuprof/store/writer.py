@@ -1,9 +1,9 @@
 """A TensorBoard event-file writer that needs no TensorFlow.
 
-It writes TensorBoard's own protos (``tensorboard.compat.proto``) in its record format
-(length, masked CRC32C of the length, data, masked CRC32C of the data) through
-``tensorboard.summary.writer.record_writer``; ``event_file_writer`` is not used because it
-imports ``tensorboard.compat.tf``, which loads TensorFlow when it is installed.
+It writes TensorBoard's own protos (``tensorboard.compat.proto``) in TensorBoard's record
+format (``records.frame``). ``event_file_writer`` is not used because it imports
+``tensorboard.compat.tf``, which loads TensorFlow when it is installed, nor its
+``RecordWriter``, whose CRC is pure Python (see records.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import weakref
 from typing import Any
 
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-from tensorboard.summary.writer.record_writer import RecordWriter
 
 from ..errors import TraceReadError
 from . import layout, schema
+from .records import frame
 
 # Scalars are flushed at most this often while a run is going (reports flush at once), so a
 # live TensorBoard sees progress without a syscall per scalar.
@@ -77,7 +77,6 @@ class EventWriter:
                                        self.rank, filename_suffix)
         self.path = os.path.join(self.run_dir, name)
         self._file = open(self.path, "xb")
-        self._records = RecordWriter(self._file)
         self._lock = threading.Lock()
         self._closed = False
         self._last_flush = now
@@ -149,7 +148,7 @@ class EventWriter:
         with self._lock:
             if self._closed:
                 raise ValueError(f"EventWriter for {self.run_dir} is closed")
-            self._records.write(data)
+            self._file.write(frame(data))
             if flush or time.time() - self._last_flush >= FLUSH_SECS:
                 self._flush_locked()
 
