@@ -288,22 +288,27 @@ def cupti_teardown_plan(torch: Any) -> tuple[bool, str | None]:
 
 @contextlib.contextmanager
 def cupti_teardown_env(on: bool) -> Iterator[None]:
-    """``TEARDOWN_CUPTI=1`` for the duration of one profiler start call, then the
+    """``TEARDOWN_CUPTI=1`` (when ``on``) for the duration of one profiler start call, then the
     environment as it was (a stop goes through :class:`CuptiTeardownHold`).
 
     Kineto reads the variable with getenv() when a trace is prepared (whether to re-create
     the CUPTI subscriber a previous teardown removed), synchronously inside the call this
     wraps, on the training thread that also sets and restores it.
+
+    Variables the start call adds are removed again: torch's ``prepare_trace`` asks
+    ``hasattr(torch, "_inductor")``, which imports inductor and dynamo, and their import sets
+    ``TORCHINDUCTOR_CACHE_DIR`` (torch sets it again, to the same default, when it compiles).
     """
-    if not on:
-        yield
-        return
+    before = set(os.environ)
     prior = os.environ.get(TEARDOWN_ENV)
-    os.environ[TEARDOWN_ENV] = "1"
+    if on:
+        os.environ[TEARDOWN_ENV] = "1"
     try:
         yield
     finally:
-        if prior is None:
+        if on and prior is None:
             os.environ.pop(TEARDOWN_ENV, None)
-        else:
+        elif on and prior is not None:
             os.environ[TEARDOWN_ENV] = prior
+        for key in set(os.environ) - before:
+            os.environ.pop(key, None)
