@@ -296,7 +296,7 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
     for _ in range(3):
         timed(lambda: [step() for _ in range(n)])  # warm-up: allocator, cudnn autotuning
     plan = new_plan(args)
-    priority = None  # the last window's analysis child's CPU policy
+    niceness = None  # the last window's analysis child's niceness
 
     def block(prof: Any, iterations: int = n) -> None:
         for _ in range(iterations):
@@ -333,9 +333,9 @@ def bench_torch(args: argparse.Namespace, plain: str | None) -> dict[str, Any]:
             window.close()
             analysis.append(round(window.analysis_seconds or 0.0, 2))
             reports.append(window.report is not None)
-            priority = getattr(window, "analysis_priority", None)
+            niceness = getattr(window, "analysis_niceness", None)
     return plan.result({"analysis_s": analysis, "report": all(reports) if reports else None,
-                        "analysis_priority": priority,
+                        "analysis_niceness": niceness,
                         "state_before": before, "state_after": process_state()})
 
 

@@ -12,9 +12,11 @@ benchmark's eager GPT-2 bf16 loop with one long-lived ``GpuProfiler``:
 - ``iteration_ms``: the loop's wall time per iteration in each phase (for the shares; it is
   the drifting quantity, not the measurement);
 - the parts of ``step()``: a CUDA event created and recorded, ``Event.query()``, the
-  allocator's ``memory_stats_as_nested_dict`` and peak reset, each timed alone.
+  allocator's ``memory_stats_as_nested_dict`` and peak reset, each timed alone
+  (``parts_us``) and in the bare loop right after an iteration (``bare_loop_parts_us``).
 
     python3 gpu/hook_step_cost.py --out $OUT/step_cost.json      # on a GPU
+    python3 gpu/hook_step_cost.py --lightning --out $OUT/light.json  # the same under Lightning
     python3 gpu/hook_step_cost.py --smoke                          # CPU: runs, measures little
 """
 
@@ -93,10 +95,139 @@ def parts_us(torch: Any, repeat: int) -> dict[str, float]:
     }
 
 
+def in_loop_us(torch: Any, step: Any, iterations: int) -> dict[str, float]:
+    """The same pieces timed in the loop, right after a bare step() (no hook), medians: where
+    the first CUDA call after an iteration waits for room in the launch queue, it shows here
+    too, so it is the loop's own wait, not the hook's work."""
+    if not torch.cuda.is_available():
+        return {}
+    dev = torch.cuda.current_device()
+    names = ("event_create_record", "event_query", "memory_stats_nested", "reset_peak",
+             "second_event_create_record")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for _ in range(iterations):
+        step()
+        marks = [time.perf_counter_ns()]
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        marks.append(time.perf_counter_ns())
+        ev.query()
+        marks.append(time.perf_counter_ns())
+        torch.cuda.memory.memory_stats_as_nested_dict(dev)
+        marks.append(time.perf_counter_ns())
+        torch.cuda.reset_peak_memory_stats(dev)
+        marks.append(time.perf_counter_ns())
+        torch.cuda.Event(enable_timing=True).record()
+        marks.append(time.perf_counter_ns())
+        for k, a, b in zip(names, marks, marks[1:], strict=False):
+            times[k].append((b - a) / 1e3)
+    return {k: round(sorted(v)[len(v) // 2], 2) for k, v in times.items()}
+
+
+def lightning_costs(step: Any, n: int) -> dict[str, Any]:
+    """The same phases in a Lightning ``fit`` with one long-lived ``GpuProfCallback``: the
+    training thread's CPU time inside the callback's two batch hooks per iteration
+    (``step_us``), the hook's threads, and the training thread's whole CPU time per
+    iteration (``thread_cpu_us``: Lightning's loop, the model and the callback together)."""
+    import lightning as L
+    import torch
+
+    from tb_gpuprof.lightning import GpuProfCallback
+
+    first = n + 5
+    cb = GpuProfCallback(tempfile.mkdtemp(prefix="step_cost_light_"), iter_start=first,
+                         iter_stop=first + 3)
+    phases: dict[str, Any] = {}
+    acc = {"hook_ns": 0, "n": 0, "c0": {}, "t0": 0.0, "cpu0": 0}
+
+    def begin() -> None:
+        sync()
+        acc.update(hook_ns=0, n=0, c0=thread_cpu_ns(), t0=time.perf_counter(),
+                   cpu0=time.thread_time_ns())
+
+    def end(name: str) -> None:
+        sync()
+        k = max(acc["n"], 1)
+        c1 = thread_cpu_ns()
+        phases[name] = {
+            "iterations": acc["n"],
+            "iteration_ms": round((time.perf_counter() - acc["t0"]) / k * 1e3, 3),
+            "step_us": round(acc["hook_ns"] / k / 1e3, 2),
+            "thread_cpu_us": round((time.thread_time_ns() - acc["cpu0"]) / k / 1e3, 1),
+            "threads_us_per_iteration": {t: round((v - acc["c0"].get(t, 0)) / k / 1e3, 2)
+                                         for t, v in c1.items()}}
+
+    class Timed(L.Callback):
+        """Forwards the batch hooks to ``cb``, timing them, and ends the phases."""
+
+        def __init__(self) -> None:
+            self.phase = "before"
+            self.i = 0
+
+        def on_train_start(self, trainer: Any, pl: Any) -> None:
+            cb.on_train_start(trainer, pl)
+            begin()
+
+        def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
+            a = time.thread_time_ns()
+            cb.on_train_batch_start(trainer, pl, batch, idx)
+            acc["hook_ns"] += time.thread_time_ns() - a
+
+        def on_train_batch_end(self, trainer: Any, pl: Any, out: Any, batch: Any,
+                               idx: int) -> None:
+            a = time.thread_time_ns()
+            cb.on_train_batch_end(trainer, pl, out, batch, idx)
+            acc["hook_ns"] += time.thread_time_ns() - a
+            acc["n"] += 1
+            self.i += 1
+            prof = cb.profiler
+            if self.phase == "before" and acc["n"] >= n:
+                end("before")
+                self.phase = "window"
+            elif self.phase == "window" and self.i >= first + 3:
+                self.phase = "during"
+                begin()
+            elif self.phase == "during" and prof is not None and prof.wait(0):
+                end("during")
+                self.phase = "after"
+                begin()
+            elif self.phase == "after" and acc["n"] >= n:
+                end("after")
+                trainer.should_stop = True
+
+        def on_train_end(self, trainer: Any, pl: Any) -> None:
+            cb.on_train_end(trainer, pl)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, idx: int) -> None:
+            step()
+
+        def configure_optimizers(self) -> Any:
+            return None
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(range(10**7), batch_size=None)
+
+    trainer = L.Trainer(max_epochs=1, callbacks=[Timed()], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False,
+                        accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1)
+    trainer.fit(Module())
+    last = cb.last_profiler
+    phases["analysis_s"] = last.analysis_seconds if last else None
+    return phases
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--iterations", type=int, default=300, help="per phase before/after")
+    ap.add_argument("--lightning", action="store_true",
+                    help="the same loop under Lightning with GpuProfCallback")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import torch
@@ -107,6 +238,14 @@ def main() -> int:
     n = 20 if args.smoke else args.iterations
     for _ in range(10):
         step()
+    if args.lightning:
+        out_l = lightning_costs(step, n)
+        print(json.dumps(out_l, indent=1))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(out_l, f, indent=1)
+        return 0
+    bare_in_loop = in_loop_us(torch, step, 20 if args.smoke else 200)
     first = n + 5
     prof = GpuProfiler(tempfile.mkdtemp(prefix="step_cost_"), iter_start=first,
                        iter_stop=first + 3).start()
@@ -115,9 +254,10 @@ def main() -> int:
     out["during"] = phase(prof, step, 10**6, until=lambda: prof.wait(0))
     out["after"] = phase(prof, step, n)
     out["analysis_s"] = prof.analysis_seconds
-    out["analysis_priority"] = prof.analysis_priority
+    out["analysis_niceness"] = prof.analysis_niceness
     prof.close()
     out["parts_us"] = parts_us(torch, 200 if args.smoke else 2000)
+    out["bare_loop_parts_us"] = bare_in_loop
     print(json.dumps(out, indent=1))
     if args.out:
         with open(args.out, "w") as f:

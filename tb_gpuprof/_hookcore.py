@@ -105,8 +105,8 @@ class HookCore:
         self.env: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None  # the window's report, once analyzed
         self.trace_path: str | None = None  # the stored raw profile, once saved
-        # the analysis child's CPU policy ("idle", "nice" or "normal": _window_child)
-        self.analysis_priority: str | None = None
+        # the analysis child's niceness (_window_child; None: it could not lower it)
+        self.analysis_niceness: int | None = None
 
     # -- robustness ------------------------------------------------------------------------
 
@@ -300,7 +300,7 @@ class HookCore:
                {"run_dir": self.run_dir, "step": step, "rank": self.rank, "name": stored_name,
                 "gzip": gzip_raw}}
         result = run_window_child(job)
-        self.analysis_priority = result.get("priority")
+        self.analysis_niceness = result.get("niceness")
         self.trace_path = result.get("trace_path")
         for message in result.get("warnings") or []:
             warnings.warn(message, GpuProfWarning, stacklevel=1)

@@ -1,7 +1,7 @@
 """The window's analysis in a child process: read the profile, build the report, store the
 raw profile in the run. The hooks start it (``python -m tb_gpuprof._window_child``) so the
 analysis never competes with training for the training process's GIL, and it lowers its own
-CPU priority first thing (``lower_priority``; this process only).
+CPU priority first thing (``lower_priority``: nice +19; this process only).
 
 Protocol: one JSON job on stdin, one JSON result on stdout (``{"report": ..., "trace_path":
 ..., "warnings": [...]}`` or ``{"error": "..."}``); framework-free, like the analysis.
@@ -15,32 +15,24 @@ import sys
 import warnings
 from typing import Any
 
-# Where SCHED_IDLE is missing or refused: how much lower than the training process the
-# analysis runs, in nice levels (Unix).
+# How much lower than the training process the analysis runs, in nice levels (Unix): +19,
+# the lowest (scheduler weight 15 against a normal task's 1024). At the former +10 (weight
+# 110), on a CPU it shared with a launch-bound training thread, the child took about a tenth
+# of that CPU while it ran. SCHED_IDLE (weight 3) was tried: under CPU training on both cores
+# of the development machine one window's analysis then took 162 s against 34 s at +19, and
+# an unprivileged process cannot leave SCHED_IDLE again (RLIMIT_NICE), while the CPU time the
+# child takes from training in all is its own CPU time either way (docs/pytorch.md).
 NICE_INCREMENT = 19
 
 
-def lower_priority() -> str:
-    """Run this process only on CPU time that nothing else wants: ``SCHED_IDLE`` on Linux
-    (scheduler weight 3 against a normal task's 1024, and preempted as soon as one wakes),
-    else nice +19 (weight 15). At the former nice +10 (weight 110), on a CPU it shared with
-    a launch-bound training thread, the child took about a tenth of that CPU while it ran
-    (docs/performance.md, "Sixth run"). Where every CPU is busy with work of normal priority
-    (data-loader workers, say) the report waits for a free moment rather than slow them.
-    Returns the policy in force: "idle", "nice" or "normal"."""
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            return "idle"
-        except OSError:
-            pass
-    if hasattr(os, "nice"):
-        try:
-            os.nice(NICE_INCREMENT)
-            return "nice"
-        except OSError:
-            pass  # not allowed here: run at the parent's priority
-    return "normal"
+def lower_priority() -> int | None:
+    """Nice this process by NICE_INCREMENT; its niceness then, None where not allowed."""
+    if not hasattr(os, "nice"):
+        return None
+    try:
+        return os.nice(NICE_INCREMENT)
+    except OSError:
+        return None  # not allowed here: run at the parent's priority
 
 
 def _store_raw(job: dict[str, Any]) -> str | None:
@@ -86,10 +78,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    policy = lower_priority()  # before the analysis's imports, which take CPU time too
+    niceness = lower_priority()  # before the analysis's imports, which take CPU time too
     job = json.load(sys.stdin)
     result = run_job(job)
-    result["priority"] = policy
+    result["niceness"] = niceness
     json.dump(result, sys.stdout, default=str)
     sys.stdout.flush()
     return 0
