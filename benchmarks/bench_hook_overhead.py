@@ -415,24 +415,12 @@ class BlockClock:
         return self.plan.end_block((time.perf_counter() - self.t0) * 1e3 / self.n)
 
 
-def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
-    """Lightning: the fit's batches go to a GpuProfCallback only in hooked blocks; a harness
-    callback times blocks between synchronizations at batch boundaries; each window is a
-    fresh callback, run untimed between two blocks."""
+def lightning_fit(model: Any, step: Callable[[], None], callback: Any) -> None:
+    """A Lightning fit that runs ``step`` (which owns its optimizer: manual optimization) for
+    each batch of an endless loader, with ``callback``; it ends when the callback sets
+    ``trainer.should_stop``."""
     import lightning as L
     import torch
-
-    from tb_gpuprof.lightning import GpuProfCallback
-
-    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
-    plan = new_plan(args)
-    clock = BlockClock(plan, args.block, sync)
-    order = [False] * 3 + plan.always_on_order()  # 3 warm-up blocks
-    always_on_dir = tempfile.mkdtemp(prefix="bench_light_on_")
-    logdir = tempfile.mkdtemp(prefix="bench_light_win_")
-    analysis: list[float] = []
-    reports: list[bool] = []
-    states: dict[str, Any] = {}
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -448,6 +436,31 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
 
         def train_dataloader(self) -> Any:
             return torch.utils.data.DataLoader(range(10**7), batch_size=None)
+
+    trainer = L.Trainer(max_epochs=1, callbacks=[callback], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False,
+                        accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1)
+    trainer.fit(Module())
+
+
+def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
+    """Lightning: the fit's batches go to a GpuProfCallback only in hooked blocks; a harness
+    callback times blocks between synchronizations at batch boundaries; each window is a
+    fresh callback, run untimed between two blocks."""
+    import lightning as L
+
+    from tb_gpuprof.lightning import GpuProfCallback
+
+    model, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.tiny_models)
+    plan = new_plan(args)
+    clock = BlockClock(plan, args.block, sync)
+    order = [False] * 3 + plan.always_on_order()  # 3 warm-up blocks
+    always_on_dir = tempfile.mkdtemp(prefix="bench_light_on_")
+    logdir = tempfile.mkdtemp(prefix="bench_light_win_")
+    analysis: list[float] = []
+    reports: list[bool] = []
+    states: dict[str, Any] = {}
 
     class Harness(L.Callback):
         def __init__(self) -> None:
@@ -524,11 +537,7 @@ def bench_lightning(args: argparse.Namespace) -> dict[str, Any]:
                 self.end_window()
             states["state_after"] = process_state()
 
-    trainer = L.Trainer(max_epochs=1, callbacks=[Harness()], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False,
-                        accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1)
-    trainer.fit(Module())
+    lightning_fit(model, step, Harness())
     return plan.result({"analysis_s": analysis, "report": all(reports) if reports else None,
                         **states})
 

@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 
-from bench_hook_overhead import gpt2_step, sync  # noqa: E402
+from bench_hook_overhead import gpt2_step, lightning_fit, sync  # noqa: E402
 
 
 def thread_cpu_ns() -> dict[str, int]:
@@ -130,7 +130,6 @@ def lightning_costs(step: Any, n: int) -> dict[str, Any]:
     (``step_us``), the hook's threads, and the training thread's whole CPU time per
     iteration (``thread_cpu_us``: Lightning's loop, the model and the callback together)."""
     import lightning as L
-    import torch
 
     from tb_gpuprof.lightning import GpuProfCallback
 
@@ -198,25 +197,7 @@ def lightning_costs(step: Any, n: int) -> dict[str, Any]:
         def on_train_end(self, trainer: Any, pl: Any) -> None:
             cb.on_train_end(trainer, pl)
 
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch: Any, idx: int) -> None:
-            step()
-
-        def configure_optimizers(self) -> Any:
-            return None
-
-        def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(range(10**7), batch_size=None)
-
-    trainer = L.Trainer(max_epochs=1, callbacks=[Timed()], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False,
-                        accelerator="gpu" if torch.cuda.is_available() else "cpu", devices=1)
-    trainer.fit(Module())
+    lightning_fit(None, step, Timed())
     last = cb.last_profiler
     phases["analysis_s"] = last.analysis_seconds if last else None
     return phases
@@ -239,12 +220,7 @@ def main() -> int:
     for _ in range(10):
         step()
     if args.lightning:
-        out_l = lightning_costs(step, n)
-        print(json.dumps(out_l, indent=1))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(out_l, f, indent=1)
-        return 0
+        return write(lightning_costs(step, n), args.out)
     bare_in_loop = in_loop_us(torch, step, 20 if args.smoke else 200)
     first = n + 5
     prof = GpuProfiler(tempfile.mkdtemp(prefix="step_cost_"), iter_start=first,
@@ -258,9 +234,13 @@ def main() -> int:
     prof.close()
     out["parts_us"] = parts_us(torch, 200 if args.smoke else 2000)
     out["bare_loop_parts_us"] = bare_in_loop
+    return write(out, args.out)
+
+
+def write(out: dict[str, Any], path: str | None) -> int:
     print(json.dumps(out, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(out, f, indent=1)
     return 0
 
