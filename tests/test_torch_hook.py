@@ -659,3 +659,34 @@ def test_the_window_leaves_no_variable_that_torchs_imports_set(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.returncode == 0 and "same environment" in out.stdout, out.stderr[-2000:]
+
+
+def test_after_a_window_the_training_process_imports_no_analysis_module(tmp_path):
+    """The report is built in the child; in the training process the flush thread needs only
+    the per-iteration throughput scalars, from a leaf module. Importing the analysis (its
+    classifier compiles its patterns) there held the GIL for 32-35 ms once."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys, time, torch
+        from tb_gpuprof.torch import GpuProfiler
+        model = torch.nn.Linear(8, 8)
+        with GpuProfiler({str(tmp_path / "run")!r}, iter_start=2, iter_stop=4,
+                         flush_secs=0.05) as prof:
+            for _ in range(6):
+                model(torch.randn(4, 8)).sum().backward()
+                prof.step()
+            assert prof.wait(120) and prof.report is not None
+            for _ in range(4):  # iterations after the report: their scalars are flushed
+                model(torch.randn(4, 8)).sum().backward()
+                prof.step()
+                time.sleep(0.1)
+        print(sorted(m for m in sys.modules if m.startswith("tb_gpuprof.analysis")))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == str(
+        ["tb_gpuprof.analysis", "tb_gpuprof.analysis.live_throughput"])

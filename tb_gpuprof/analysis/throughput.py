@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store.layout import MFU_TAG, MODEL_TFLOPS_TAG  # a leaf module: names only
 from .classify import is_math_helper
+from .live_throughput import section_scalars  # the per-iteration scalars, a leaf module
 from .peaks import GPU_PEAKS, peak_for
 
 # (label, name pattern, {precision: dense TFLOP/s}) per GPU: a view of the one table in
@@ -117,24 +117,11 @@ def throughput_section(report: dict[str, Any], *,
 
 
 def throughput_scalars(report: dict[str, Any], iteration_ms: float) -> dict[str, float]:
-    """``gpuprof/model_tflops`` and ``gpuprof/mfu_pct`` for one iteration after a window.
-
-    The window's FLOPs per iteration over this iteration's wall time (the always-on
-    ``gpuprof/iteration_time_ms``). Empty when the window counted no FLOPs or the time is not
-    positive; no MFU when no peak is known. Cheap: two divisions and a few dict lookups.
-    """
+    """``gpuprof/model_tflops`` and ``gpuprof/mfu_pct`` for one iteration after a window
+    (live_throughput.section_scalars), computing the section when the report has none."""
     section = report.get("throughput")
-    if section is None:
-        section = throughput_section(report)
-    flops = section.get("flops_per_iteration")
-    if not flops or not iteration_ms or iteration_ms <= 0:
-        return {}
-    tflops = flops / (iteration_ms * 1e-3) / 1e12
-    out = {MODEL_TFLOPS_TAG: tflops}
-    peak = section.get("peak_tflops")
-    if peak:
-        out[MFU_TAG] = 100.0 * tflops / peak
-    return out
+    return section_scalars(section if section is not None else throughput_section(report),
+                           iteration_ms)
 
 
 __all__ = ["PEAK_TFLOPS", "compute_precision", "peak_for", "throughput_scalars",
