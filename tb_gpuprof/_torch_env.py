@@ -306,9 +306,7 @@ def cupti_teardown_env(on: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        if on and prior is None:
-            os.environ.pop(TEARDOWN_ENV, None)
-        elif on and prior is not None:
+        if on and prior is not None:
             os.environ[TEARDOWN_ENV] = prior
-        for key in set(os.environ) - before:
+        for key in set(os.environ) - before:  # TEARDOWN_CUPTI too, where it was unset
             os.environ.pop(key, None)
