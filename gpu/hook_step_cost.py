@@ -51,22 +51,42 @@ def thread_cpu_ns() -> dict[str, int]:
     return out
 
 
+class PhaseClock:
+    """One phase's costs per iteration: wall time, the hook's time on the training thread
+    (``add_hook_ns``), the training thread's whole CPU time and each hook thread's."""
+
+    def __init__(self) -> None:
+        sync()
+        self.hook_ns = self.iterations = 0
+        self.threads0, self.t0, self.cpu0 = thread_cpu_ns(), time.perf_counter(), \
+            time.thread_time_ns()
+
+    def add_hook_ns(self, ns: int) -> None:
+        """One iteration ended; the hook took ``ns`` of the training thread in it."""
+        self.hook_ns += ns
+        self.iterations += 1
+
+    def result(self) -> dict[str, Any]:
+        sync()
+        k = max(self.iterations, 1)
+        threads = thread_cpu_ns()
+        return {"iterations": self.iterations,
+                "iteration_ms": round((time.perf_counter() - self.t0) / k * 1e3, 3),
+                "step_us": round(self.hook_ns / k / 1e3, 2),
+                "thread_cpu_us": round((time.thread_time_ns() - self.cpu0) / k / 1e3, 1),
+                "threads_us_per_iteration": {t: round((v - self.threads0.get(t, 0)) / k / 1e3, 2)
+                                             for t, v in threads.items()}}
+
+
 def phase(prof: Any, step: Any, iterations: int, until: Any = None) -> dict[str, Any]:
     """Run ``iterations`` steps (or until ``until()`` is true); the costs per iteration."""
-    sync()
-    c0, t0, hook_ns, n = thread_cpu_ns(), time.perf_counter(), 0, 0
-    while n < iterations and not (until is not None and until()):
+    clock = PhaseClock()
+    while clock.iterations < iterations and not (until is not None and until()):
         step()
         a = time.thread_time_ns()
         prof.step()
-        hook_ns += time.thread_time_ns() - a
-        n += 1
-    sync()
-    wall, c1 = time.perf_counter() - t0, thread_cpu_ns()
-    threads = {k: round((v - c0.get(k, 0)) / max(n, 1) / 1e3, 2) for k, v in c1.items()}
-    return {"iterations": n, "iteration_ms": round(wall / max(n, 1) * 1e3, 3),
-            "step_us": round(hook_ns / max(n, 1) / 1e3, 2),
-            "threads_us_per_iteration": threads}
+        clock.add_hook_ns(time.thread_time_ns() - a)
+    return clock.result()
 
 
 def parts_us(torch: Any, repeat: int) -> dict[str, float]:
@@ -137,24 +157,6 @@ def lightning_costs(step: Any, n: int) -> dict[str, Any]:
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="step_cost_light_"), iter_start=first,
                          iter_stop=first + 3)
     phases: dict[str, Any] = {}
-    acc = {"hook_ns": 0, "n": 0, "c0": {}, "t0": 0.0, "cpu0": 0}
-
-    def begin() -> None:
-        sync()
-        acc.update(hook_ns=0, n=0, c0=thread_cpu_ns(), t0=time.perf_counter(),
-                   cpu0=time.thread_time_ns())
-
-    def end(name: str) -> None:
-        sync()
-        k = max(acc["n"], 1)
-        c1 = thread_cpu_ns()
-        phases[name] = {
-            "iterations": acc["n"],
-            "iteration_ms": round((time.perf_counter() - acc["t0"]) / k * 1e3, 3),
-            "step_us": round(acc["hook_ns"] / k / 1e3, 2),
-            "thread_cpu_us": round((time.thread_time_ns() - acc["cpu0"]) / k / 1e3, 1),
-            "threads_us_per_iteration": {t: round((v - acc["c0"].get(t, 0)) / k / 1e3, 2)
-                                         for t, v in c1.items()}}
 
     class Timed(L.Callback):
         """Forwards the batch hooks to ``cb``, timing them, and ends the phases."""
@@ -162,36 +164,37 @@ def lightning_costs(step: Any, n: int) -> dict[str, Any]:
         def __init__(self) -> None:
             self.phase = "before"
             self.i = 0
+            self.start_ns = 0  # the callback's batch-start hook, this iteration
+            self.clock = PhaseClock()
 
         def on_train_start(self, trainer: Any, pl: Any) -> None:
             cb.on_train_start(trainer, pl)
-            begin()
+            self.clock = PhaseClock()
 
         def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
             a = time.thread_time_ns()
             cb.on_train_batch_start(trainer, pl, batch, idx)
-            acc["hook_ns"] += time.thread_time_ns() - a
+            self.start_ns = time.thread_time_ns() - a
 
         def on_train_batch_end(self, trainer: Any, pl: Any, out: Any, batch: Any,
                                idx: int) -> None:
             a = time.thread_time_ns()
             cb.on_train_batch_end(trainer, pl, out, batch, idx)
-            acc["hook_ns"] += time.thread_time_ns() - a
-            acc["n"] += 1
+            self.clock.add_hook_ns(self.start_ns + time.thread_time_ns() - a)
             self.i += 1
             prof = cb.profiler
-            if self.phase == "before" and acc["n"] >= n:
-                end("before")
+            if self.phase == "before" and self.clock.iterations >= n:
+                phases["before"] = self.clock.result()
                 self.phase = "window"
             elif self.phase == "window" and self.i >= first + 3:
                 self.phase = "during"
-                begin()
+                self.clock = PhaseClock()
             elif self.phase == "during" and prof is not None and prof.wait(0):
-                end("during")
+                phases["during"] = self.clock.result()
                 self.phase = "after"
-                begin()
-            elif self.phase == "after" and acc["n"] >= n:
-                end("after")
+                self.clock = PhaseClock()
+            elif self.phase == "after" and self.clock.iterations >= n:
+                phases["after"] = self.clock.result()
                 trainer.should_stop = True
 
         def on_train_end(self, trainer: Any, pl: Any) -> None:
