@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -463,7 +466,6 @@ def test_window_too_early_waits_for_iterations_after_it(tmp_path):
 
 def test_analysis_runs_in_a_child_and_training_keeps_gc_env_and_signals(tmp_path):
     import gc
-    import os
     import signal
 
     model, data = tiny_cnn(), batches(4)
@@ -632,15 +634,18 @@ def test_the_windows_profiler_results_are_freed_by_the_analysis_not_left_to_the_
             gc.enable()
 
 
+def run_fresh(script: str, env: dict[str, str] | None = None
+              ) -> subprocess.CompletedProcess[str]:
+    """``script`` (dedented) in a fresh Python process: one that imported nothing before."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
 def test_the_window_leaves_no_variable_that_torchs_imports_set(tmp_path):
     """torch.profiler's start imports inductor and dynamo (``hasattr(torch, "_inductor")``),
     which sets TORCHINDUCTOR_CACHE_DIR; a fresh process that never imported them before the
     window has, after it, exactly the environment it had."""
-    import subprocess
-    import sys
-    import textwrap
-
-    script = textwrap.dedent(f"""
+    script = f"""
         import os, sys, torch
         from tb_gpuprof.torch import GpuProfiler
         before = dict(os.environ)
@@ -654,10 +659,9 @@ def test_the_window_leaves_no_variable_that_torchs_imports_set(tmp_path):
         added = sorted(set(os.environ) - set(before))
         assert dict(os.environ) == before, added
         print("same environment")
-    """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHINDUCTOR_")}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300, env=env)
+    """
+    out = run_fresh(script, env={k: v for k, v in os.environ.items()
+                                 if not k.startswith("TORCHINDUCTOR_")})
     assert out.returncode == 0 and "same environment" in out.stdout, out.stderr[-2000:]
 
 
@@ -665,11 +669,7 @@ def test_after_a_window_the_training_process_imports_no_analysis_module(tmp_path
     """The report is built in the child; in the training process the flush thread needs only
     the per-iteration throughput scalars, from a leaf module. Importing the analysis (its
     classifier compiles its patterns) there held the GIL for 32-35 ms once."""
-    import subprocess
-    import sys
-    import textwrap
-
-    script = textwrap.dedent(f"""
+    script = f"""
         import sys, time, torch
         from tb_gpuprof.torch import GpuProfiler
         model = torch.nn.Linear(8, 8)
@@ -684,9 +684,8 @@ def test_after_a_window_the_training_process_imports_no_analysis_module(tmp_path
                 prof.step()
                 time.sleep(0.1)
         print(sorted(m for m in sys.modules if m.startswith("tb_gpuprof.analysis")))
-    """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=300)
+    """
+    out = run_fresh(script)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == str(
         ["tb_gpuprof.analysis", "tb_gpuprof.analysis.live_throughput"])
