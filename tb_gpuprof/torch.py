@@ -149,6 +149,9 @@ class GpuProfiler(HookCore):
         self._teardown_cupti = False  # set TEARDOWN_CUPTI=1 around the window's start/stop
         self._cupti_hold = _torch_env.CuptiTeardownHold()  # ... and until the teardown ran
         self.analysis_seconds: float | None = None  # export + analysis + store, off-thread
+        # the trace export and the results' release: torch's C++ holds the GIL throughout,
+        # so the training thread can stall for up to this long once per window
+        self.export_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -541,6 +544,7 @@ class GpuProfiler(HookCore):
             prof.export_chrome_trace(raw)
             _torch_env.release_profiler(prof)  # here, not at a later GC in the training thread
             del prof
+            self.export_seconds = time.perf_counter() - t0
             env["unprofiled"] = self._unprofiled(self._not_unprofiled, self._window_opens_at(),
                                                  lambda: self._closed)
             self._analyze_in_child(

@@ -1,0 +1,406 @@
+"""The hooks' cost, timed in short alternating blocks of one process (issue 13).
+
+On the H200 guest a launch-bound loop's speed drifts by tens of percent over seconds
+(docs/performance.md), so blocks of 10 iterations with a fresh hook in each cannot resolve
+1 %. Here one long-lived hook runs for the whole process, and its per-iteration calls are
+made in every other block of ``--k`` iterations (ABBA order): a hooked block and the bare
+block beside it are a fraction of a second apart, so the drift between them is small, and
+there are hundreds of such pairs per phase. Phases: ``before`` the window, the window itself
+(hooked throughout, not timed), ``during`` its analysis, ``after`` it.
+
+What a pair ratio (hooked / bare) holds: the hook's work on the training thread in its
+per-iteration calls, and anything those calls leave for the next iteration of the block. What
+it cannot hold: the hook's threads (scalar writer, NVML sampler) run through both arms, and so
+does anything process-wide that the window left (CUPTI, the analysis child). So per phase
+this also counts, from /proc/self/task/*/schedstat (CPU time and run-queue wait, ns, every
+native thread): the CPU time of the hook's threads per iteration. Their Python work holds the
+GIL, so their CPU time per iteration over the iteration time bounds what they take from a
+GIL-bound loop; ``threads_share`` is that bound. And ``bare_after_over_before``: the bare
+blocks after the window against the bare blocks before it, each against the median of the
+bare blocks in the same host state (the pure-Python probe): what the window left, with the
+drift of the minutes between the phases in it (the paired runs of bench_hook_overhead.py
+measure that part against a control process).
+
+    python3 gpu/hook_alternation.py --hook torch --out $OUT/alt_torch.json          # GPU
+    python3 gpu/hook_alternation.py --hook lightning --out $OUT/alt_light.json
+    python3 gpu/hook_alternation.py --hook keras-jax --out $OUT/alt_kjax.json
+    python3 gpu/hook_alternation.py --hook torch --smoke                            # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+
+from overhead_stats import STEADY_SPREAD, bootstrap_ci, cpu_probe_ms  # noqa: E402
+
+WINDOW_LENGTH = 3
+
+
+def task_clocks() -> dict[int, tuple[str, int, int]]:
+    """Every native thread of this process: tid -> (name, CPU ns, run-queue wait ns)."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, wait, _ = f.read().split()
+            out[int(tid)] = (name, int(run), int(wait))
+        except (OSError, ValueError):
+            pass  # ended since the listing, or no schedstat in this kernel
+    return out
+
+
+def thread_names() -> dict[int, str]:
+    """Native id -> Python thread name, for the threads Python knows."""
+    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
+
+class Alternation:
+    """The harness: which blocks are hooked, their times, the phases and their counts."""
+
+    def __init__(self, k: int, pairs: int, sync: Callable[[], None]) -> None:
+        self.k, self.pairs, self.sync = k, pairs, sync
+        self.phase = "before"
+        self.blocks: dict[str, list[dict[str, Any]]] = {"before": [], "during": [], "after": []}
+        self.counts: dict[str, dict[str, Any]] = {}
+        self.in_block = 0  # iterations done in the current block
+        self.block_no = 0
+        self.t0 = self.probe0 = 0.0
+        self.tasks0: dict[int, tuple[str, int, int]] = {}
+        self.phase_t0, self.phase_iterations = 0.0, 0
+        self.main_tid = threading.get_native_id()
+        self.longest_ms: dict[str, float] = {}
+
+    def hooked(self) -> bool:
+        """Whether the hook's calls are made in this iteration (every iteration of the window
+        phase; ABBA blocks otherwise)."""
+        if self.phase == "window":
+            return True
+        b = self.block_no
+        return (b % 2 == 1) if (b // 2) % 2 == 0 else (b % 2 == 0)
+
+    def begin_phase(self, phase: str, sync: bool = True) -> None:
+        self.phase = phase
+        self.block_no = self.in_block = 0
+        if sync:
+            self.sync()
+        self.tasks0, self.phase_t0, self.phase_iterations = task_clocks(), time.perf_counter(), 0
+
+    def end_phase(self, sync: bool = True) -> None:
+        if sync:
+            self.sync()
+        wall = time.perf_counter() - self.phase_t0
+        tasks, names, n = task_clocks(), thread_names(), max(self.phase_iterations, 1)
+        per: dict[str, dict[str, float]] = {}
+        for tid, (comm, run, wait) in tasks.items():
+            r0, w0 = self.tasks0.get(tid, (comm, 0, 0))[1:]
+            who = "training" if tid == self.main_tid else names.get(tid, f"native:{comm}")
+            d = per.setdefault(who, {"cpu_us": 0.0, "runqueue_wait_us": 0.0, "tasks": 0})
+            d["cpu_us"] += (run - r0) / n / 1e3
+            d["runqueue_wait_us"] += (wait - w0) / n / 1e3
+            d["tasks"] += 1
+        iteration_ms = wall / n * 1e3
+        hook_us = sum(v["cpu_us"] for k, v in per.items() if k.startswith("tb_gpuprof"))
+        self.counts[self.phase] = {
+            "iterations": self.phase_iterations, "iteration_ms": round(iteration_ms, 3),
+            "per_iteration": {k: {m: round(x, 1) for m, x in v.items()} for k, v in
+                              sorted(per.items(), key=lambda kv: -kv[1]["cpu_us"])},
+            "hook_threads_us": round(hook_us, 1),
+            "threads_share": round(hook_us / 1e3 / iteration_ms, 5)}
+
+    def iteration_start(self) -> None:
+        if self.phase == "window":
+            return
+        if self.in_block == 0:
+            if self.block_no % 2 == 0:
+                self.probe0 = cpu_probe_ms()
+            self.sync()
+            self.t0 = time.perf_counter()
+
+    def iteration_end(self, analysis_running: bool) -> None:
+        """After the hook's per-iteration call (or where it would have been)."""
+        self.phase_iterations += 1
+        if self.phase == "window":
+            return
+        self.in_block += 1
+        if self.in_block < self.k:
+            return
+        self.sync()
+        ms = (time.perf_counter() - self.t0) * 1e3 / self.k
+        self.blocks[self.phase].append({"hooked": self.hooked(), "ms": ms,
+                                        "probe": self.probe0, "analysis": analysis_running})
+        if self.block_no % 2 == 1:
+            self.blocks[self.phase][-1]["probe_after"] = cpu_probe_ms()
+            self.blocks[self.phase][-2]["probe_after"] = self.blocks[self.phase][-1][
+                "probe_after"]
+        self.in_block = 0
+        self.block_no += 1
+
+    def phase_done(self) -> bool:
+        return self.phase != "window" and self.in_block == 0 and \
+            self.block_no >= 2 * self.pairs
+
+
+def pair_ratios(blocks: list[dict[str, Any]]) -> list[float]:
+    """hooked / bare of each adjacent pair whose two probes agree on the host state."""
+    out = []
+    for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
+        if a["hooked"] == b["hooked"]:
+            continue
+        p = (a["probe"], a.get("probe_after", a["probe"]))
+        if max(p) > STEADY_SPREAD * min(p):
+            continue
+        h, n = (a, b) if a["hooked"] else (b, a)
+        out.append(h["ms"] / n["ms"])
+    return out
+
+
+def same_state_ratio(xs: list[dict[str, Any]], ref: list[dict[str, Any]]) -> list[float]:
+    """Each block of ``xs`` over the median of the ``ref`` blocks of its host state."""
+    out = []
+    for b in xs:
+        same = [r["ms"] for r in ref if b["probe"] / 1.25 <= r["probe"] <= b["probe"] * 1.25]
+        if len(same) >= 5:
+            out.append(b["ms"] / statistics.median(same))
+    return out
+
+
+def summary(ratios: list[float]) -> dict[str, Any]:
+    if not ratios:
+        return {"n": 0}
+    return {"n": len(ratios), "median": round(statistics.median(ratios), 4),
+            "median_ci90": bootstrap_ci(lambda r: statistics.median(r.choices(ratios,
+                                                                            k=len(ratios)))),
+            "mean": round(statistics.fmean(ratios), 4),
+            "mean_ci90": bootstrap_ci(lambda r: statistics.fmean(r.choices(ratios,
+                                                                          k=len(ratios))))}
+
+
+def results(alt: Alternation, extra: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"k": alt.k, "pairs": alt.pairs, **extra, "counts": alt.counts}
+    for phase, blocks in alt.blocks.items():
+        out[f"{phase}_hooked_over_bare"] = summary(pair_ratios(blocks))
+    bare_before = [b for b in alt.blocks["before"] if not b["hooked"]]
+    bare_after = [b for b in alt.blocks["after"] if not b["hooked"]]
+    out["bare_after_over_before"] = summary(same_state_ratio(bare_after, bare_before))
+    during = [b for b in alt.blocks["during"] if b["analysis"]]
+    out["during_over_bare_before"] = summary(same_state_ratio(during, bare_before))
+    c = alt.counts.get("during")
+    if c and bare_before:  # the whole phase, the export's stall included, against bare before
+        out["during_phase_over_bare_before"] = round(c["iteration_ms"] / statistics.median(
+            [b["ms"] for b in bare_before]), 4)
+    out["during_block_ms"] = [round(b["ms"], 2) for b in during]
+    out["bare_ms_median"] = {p: round(statistics.median([b["ms"] for b in bs if not
+                                                          b["hooked"]]), 3)
+                             for p, bs in alt.blocks.items() if any(not b["hooked"] for b in bs)}
+    out["blocks"] = {p: [[int(b["hooked"]), round(b["ms"], 3), round(b["probe"], 3),
+                          int(b["analysis"])] for b in bs] for p, bs in alt.blocks.items()}
+    return out
+
+
+# -- the drivers: one per hook, the same phases -------------------------------------------------
+
+def analysis_started(hook: Any) -> bool:
+    return getattr(hook, "_analysis", None) is not None
+
+
+def advance(alt: Alternation, hook: Any) -> bool:
+    """Move to the next phase where this one is over; False when the run is over."""
+    ph = alt.phase
+    if ph == "before" and alt.phase_done():
+        alt.end_phase()
+        alt.begin_phase("window")
+    elif ph == "window" and analysis_started(hook):
+        # no synchronization here: the analysis thread's export holds the GIL now, and the
+        # training thread's stall on it belongs to the during phase's wall time
+        alt.end_phase(sync=False)
+        alt.begin_phase("during", sync=False)
+    elif ph == "during" and alt.in_block == 0 and alt.block_no % 2 == 0 and hook.wait(0):
+        alt.end_phase()
+        alt.begin_phase("after")
+    elif ph == "after" and alt.phase_done():
+        alt.end_phase()
+        return False
+    return True
+
+
+def running(hook: Any) -> bool:
+    return analysis_started(hook) and not hook.wait(0)
+
+
+def window_start(args: argparse.Namespace) -> int:
+    """The hook's own iteration count at the end of ``before`` is pairs * k (it sees only the
+    hooked blocks); its window begins a few iterations into the window phase."""
+    return args.pairs * args.k + 3
+
+
+def run_torch(args: argparse.Namespace) -> dict[str, Any]:
+    from bench_hook_overhead import gpt2_step, resnet50_step, sync
+
+    from tb_gpuprof.torch import GpuProfiler
+
+    _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+    for _ in range(10):
+        step()
+    first = window_start(args)
+    prof = GpuProfiler(tempfile.mkdtemp(prefix="alt_torch_"), iter_start=first,
+                       iter_stop=first + WINDOW_LENGTH).start()
+    alt = Alternation(args.k, args.pairs, sync)
+    alt.begin_phase("before")
+    go = True
+    while go:
+        alt.iteration_start()
+        step()
+        if alt.hooked():
+            prof.step()
+        alt.iteration_end(running(prof))
+        go = advance(alt, prof)
+    prof.wait(300)
+    extra = {"hook": "torch", "analysis_s": prof.analysis_seconds,
+             "export_s": prof.export_seconds,
+             "report": prof.report is not None}
+    prof.close()
+    return results(alt, extra)
+
+
+def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
+    import lightning as L
+    from bench_hook_overhead import gpt2_step, lightning_fit, resnet50_step, sync
+
+    from tb_gpuprof.lightning import GpuProfCallback
+
+    _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
+    for _ in range(10):
+        step()
+    first = window_start(args)
+    cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_light_"), iter_start=first,
+                         iter_stop=first + WINDOW_LENGTH)
+    alt = Alternation(args.k, args.pairs, sync)
+
+    class Harness(L.Callback):
+        def on_train_start(self, trainer: Any, pl: Any) -> None:
+            cb.on_train_start(trainer, pl)
+            alt.begin_phase("before")
+
+        def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
+            alt.iteration_start()
+            if alt.hooked():
+                cb.on_train_batch_start(trainer, pl, batch, idx)
+
+        def on_train_batch_end(self, trainer: Any, pl: Any, out: Any, batch: Any,
+                               idx: int) -> None:
+            if alt.hooked():
+                cb.on_train_batch_end(trainer, pl, out, batch, idx)
+            alt.iteration_end(running(cb.profiler))
+            if not advance(alt, cb.profiler):
+                trainer.should_stop = True
+
+        def on_train_end(self, trainer: Any, pl: Any) -> None:
+            if cb.profiler is not None:
+                cb.profiler.wait(300)
+            cb.on_train_end(trainer, pl)
+
+    lightning_fit(None, step, Harness())
+    last = cb.last_profiler
+    return results(alt, {"hook": "lightning",
+                         "analysis_s": last.analysis_seconds if last else None,
+                         "export_s": last.export_seconds if last else None,
+                         "report": last is not None and last.report is not None})
+
+
+def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    os.environ["KERAS_BACKEND"] = backend
+    import keras
+    from bench_hook_overhead import keras_model, same_batch, sync
+
+    from tb_gpuprof.keras import GpuProfCallback
+
+    model, x, y = keras_model(keras, args.workload, args.smoke)
+    if args.batch:  # a larger batch of the same model, e.g. to make the GPU bound its step
+        reps = -(-args.batch // len(x))
+        x, y = x.repeat(reps, axis=0)[:args.batch], y.repeat(reps, axis=0)[:args.batch]
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    first = window_start(args)
+    cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_keras_"), iter_start=first,
+                         iter_stop=first + WINDOW_LENGTH)
+    alt = Alternation(args.k, args.pairs, sync if backend == "torch" else lambda: None)
+    warm = 10
+
+    class Harness(keras.callbacks.Callback):
+        def on_train_begin(self, logs: Any = None) -> None:
+            cb.set_model(self.model)
+            cb.on_train_begin(logs)
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            if batch == warm:
+                alt.begin_phase("before")
+            if batch >= warm:
+                alt.iteration_start()
+                if alt.hooked():
+                    cb.on_train_batch_begin(batch, logs)
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch < warm:
+                return
+            if alt.hooked():
+                cb.on_train_batch_end(batch, logs)
+            alt.iteration_end(running(cb))
+            if not advance(alt, cb):
+                self.model.stop_training = True
+
+        def on_train_end(self, logs: Any = None) -> None:
+            cb.wait(300)
+            cb.on_train_end(logs)
+
+    model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Harness()])
+    return results(alt, {"hook": f"keras-{backend}", "analysis_s": None,
+                         "report": cb.report is not None})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hook", choices=("torch", "lightning", "keras-jax", "keras-torch"),
+                    default="torch")
+    ap.add_argument("--workload", choices=("gpt2", "resnet50"), default="gpt2")
+    ap.add_argument("--k", type=int, default=3, help="iterations per block")
+    ap.add_argument("--pairs", type=int, default=300, help="pairs of blocks per phase")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="Keras: this batch size instead of keras_model's")
+    ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.smoke:
+        args.pairs = min(args.pairs, 6)
+    runs: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+        "torch": run_torch, "lightning": run_lightning,
+        "keras-jax": lambda a: run_keras(a, "jax"),
+        "keras-torch": lambda a: run_keras(a, "torch")}
+    t0 = time.perf_counter()
+    out = runs[args.hook](args)
+    out["workload"], out["wall_s"] = args.workload, round(time.perf_counter() - t0, 1)
+    out["batch"] = args.batch or None
+    text = json.dumps({k: v for k, v in out.items() if k != "blocks"}, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

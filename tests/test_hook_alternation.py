@@ -1,0 +1,54 @@
+"""gpu/hook_alternation.py on CPU (smoke sizes): the in-process alternation that issue 13's
+launch-bound figures come from runs a real loop with one long-lived hook, alternates hooked
+and bare blocks in ABBA order, and counts the hook's threads and the window's export stall."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+SCRIPT = os.path.join(HERE, "..", "gpu", "hook_alternation.py")
+sys.path.insert(0, os.path.join(HERE, "..", "gpu"))
+sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
+
+
+def test_blocks_alternate_abba_and_pairs_keep_only_one_host_state():
+    from hook_alternation import Alternation, pair_ratios
+
+    alt = Alternation(k=2, pairs=4, sync=lambda: None)
+    order = []
+    for alt.block_no in range(8):
+        order.append(alt.hooked())
+    assert order == [False, True, True, False] * 2  # ABBA: drift cancels within a group
+    blocks = [{"hooked": False, "ms": 10.0, "probe": 1.0, "probe_after": 1.1},
+              {"hooked": True, "ms": 10.5, "probe": 1.0, "probe_after": 1.1},
+              {"hooked": True, "ms": 20.0, "probe": 1.0, "probe_after": 2.0},  # a state switch
+              {"hooked": False, "ms": 10.0, "probe": 1.0, "probe_after": 2.0}]
+    assert pair_ratios(blocks) == [1.05]
+
+
+def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "alt.json"
+    proc = subprocess.run([sys.executable, SCRIPT, "--hook", "torch", "--smoke", "--out",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(out.read_text())
+    assert row["report"] is True
+    before = row["blocks"]["before"]
+    assert len(before) == 2 * row["pairs"] and len(row["blocks"]["after"]) == 2 * row["pairs"]
+    assert [b[0] for b in before[:4]] == [0, 1, 1, 0]
+    assert row["before_hooked_over_bare"]["n"] + row["after_hooked_over_bare"]["n"] > 0
+    counts = row["counts"]
+    assert set(counts) == {"before", "window", "during", "after"}
+    assert counts["before"]["iterations"] == 2 * row["pairs"] * row["k"]
+    assert counts["before"]["per_iteration"]["training"]["cpu_us"] > 0
+    assert "tb_gpuprof-scalars" in counts["after"]["per_iteration"]  # the hook's own thread
+    # the export and release are timed on the hook and are part of the analysis
+    assert 0 < row["export_s"] <= row["analysis_s"]
+    assert row["during_phase_over_bare_before"] > 0
