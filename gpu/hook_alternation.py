@@ -24,6 +24,8 @@ measure that part against a control process).
     python3 gpu/hook_alternation.py --hook torch --out $OUT/alt_torch.json          # GPU
     python3 gpu/hook_alternation.py --hook lightning --out $OUT/alt_light.json
     python3 gpu/hook_alternation.py --hook keras-jax --out $OUT/alt_kjax.json
+    python3 gpu/hook_alternation.py --hook torch --no-shapes --out $OUT/alt_noshapes.json
+    python3 gpu/hook_alternation.py --hook keras-torch --workload resnet50 --k 1 --pairs 40
     python3 gpu/hook_alternation.py --hook torch --smoke                            # CPU
 """
 
@@ -257,8 +259,10 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(10):
         step()
     first = window_start(args)
+    shapes = not args.no_shapes
     prof = GpuProfiler(tempfile.mkdtemp(prefix="alt_torch_"), iter_start=first,
-                       iter_stop=first + WINDOW_LENGTH).start()
+                       iter_stop=first + WINDOW_LENGTH, record_shapes=shapes,
+                       with_flops=shapes).start()
     alt = Alternation(args.k, args.pairs, sync)
     alt.begin_phase("before")
     go = True
@@ -381,6 +385,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=300, help="pairs of blocks per phase")
     ap.add_argument("--batch", type=int, default=0,
                     help="Keras: this batch size instead of keras_model's")
+    ap.add_argument("--no-shapes", action="store_true",
+                    help="torch: a window without operator shapes or FLOPs (a smaller export)")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
