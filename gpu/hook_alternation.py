@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 
-from overhead_stats import STEADY_SPREAD, bootstrap_ci, cpu_probe_ms  # noqa: E402
+from overhead_stats import SAME_STATE, STEADY_SPREAD, bootstrap_ci, cpu_probe_ms  # noqa: E402
 
 WINDOW_LENGTH = 3
 
@@ -85,7 +85,6 @@ class Alternation:
         self.tasks0: dict[int, tuple[str, int, int]] = {}
         self.phase_t0, self.phase_iterations = 0.0, 0
         self.main_tid = threading.get_native_id()
-        self.longest_ms: dict[str, float] = {}
 
     def hooked(self) -> bool:
         """Whether the hook's calls are made in this iteration (every iteration of the window
@@ -175,7 +174,8 @@ def same_state_ratio(xs: list[dict[str, Any]], ref: list[dict[str, Any]]) -> lis
     """Each block of ``xs`` over the median of the ``ref`` blocks of its host state."""
     out = []
     for b in xs:
-        same = [r["ms"] for r in ref if b["probe"] / 1.25 <= r["probe"] <= b["probe"] * 1.25]
+        p = b["probe"]
+        same = [r["ms"] for r in ref if p / SAME_STATE <= r["probe"] <= p * SAME_STATE]
         if len(same) >= 5:
             out.append(b["ms"] / statistics.median(same))
     return out
@@ -184,12 +184,12 @@ def same_state_ratio(xs: list[dict[str, Any]], ref: list[dict[str, Any]]) -> lis
 def summary(ratios: list[float]) -> dict[str, Any]:
     if not ratios:
         return {"n": 0}
-    return {"n": len(ratios), "median": round(statistics.median(ratios), 4),
-            "median_ci90": bootstrap_ci(lambda r: statistics.median(r.choices(ratios,
-                                                                            k=len(ratios)))),
-            "mean": round(statistics.fmean(ratios), 4),
-            "mean_ci90": bootstrap_ci(lambda r: statistics.fmean(r.choices(ratios,
-                                                                          k=len(ratios))))}
+    out: dict[str, Any] = {"n": len(ratios)}
+    for name, stat in (("median", statistics.median), ("mean", statistics.fmean)):
+        out[name] = round(stat(ratios), 4)
+        out[f"{name}_ci90"] = bootstrap_ci(lambda r, f=stat: f(r.choices(ratios,
+                                                                       k=len(ratios))))
+    return out
 
 
 def results(alt: Alternation, extra: dict[str, Any]) -> dict[str, Any]:
