@@ -201,6 +201,7 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         """Flush the scalars, stop NVML, close the run's events file (``fit`` does this at
         its end; another ``fit`` with the same callback continues in a new events file)."""
         self._cupti_hold.release(force=True)
+        self._kept_results = None  # a torch window's results: their destructor runs here
         self._stop_flush_thread()
         self._flush_scalars()
         self._stop_nvml()
@@ -581,13 +582,20 @@ class _TorchWindow(_Window):
         # the name torch.profiler's own schedule gives its step ranges
         return self.fw.profiler.record_function(f"ProfilerStep#{step}")
 
-    def raw_trace(self) -> str:
-        path = os.path.join(self.tmp, "window.pt.trace.json")
-        self.prof.export_chrome_trace(path)
-        # its events are in the file now: free them here, not at a later GC in training
-        _torch_env.release_profiler(self.prof)
+    def stop(self) -> None:
+        """Stop, then export the trace here on the training thread: torch's export holds the
+        GIL throughout, so from the analysis thread it stalled training just as long, at a
+        random step after the window. The results are kept until close
+        (``_torch_env.export_trace``)."""
+        super().stop()
+        self.cb._kept_results = _torch_env.export_trace(self.prof, self._trace_path())
         self.prof = None
-        return path
+
+    def raw_trace(self) -> str:
+        return self._trace_path()
+
+    def _trace_path(self) -> str:
+        return os.path.join(self.tmp, "window.pt.trace.json")
 
     def stored_name(self) -> str:
         return f"window_{self.first_step}_{self.last_step + 1}.pt.trace.json.gz"

@@ -148,9 +148,9 @@ class GpuProfiler(HookCore):
         self._nvtx_open = False
         self._teardown_cupti = False  # set TEARDOWN_CUPTI=1 around the window's start/stop
         self._cupti_hold = _torch_env.CuptiTeardownHold()  # ... and until the teardown ran
-        self.analysis_seconds: float | None = None  # export + analysis + store, off-thread
-        # the trace export and the results' release: torch's C++ holds the GIL throughout,
-        # so the training thread can stall for up to this long once per window
+        self.analysis_seconds: float | None = None  # analysis + store, off-thread
+        # the trace export, on the training thread at the window's stop (torch's C++ holds
+        # the GIL throughout: from any thread it would stall training this long)
         self.export_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -242,6 +242,7 @@ class GpuProfiler(HookCore):
         self._cupti_hold.release(force=True)
         self._harvest(wait=True)
         self.wait()
+        self._kept_results = None  # the window's results: their destructor runs here
         self._stop_flush_thread()
         self._flush_scalars()
         self._stop_nvml()
@@ -513,14 +514,32 @@ class GpuProfiler(HookCore):
         torch = self._torch
         self._end_recording()
         self._stop_profiler(prof)
+        window = (self._window_t0, time.time())
         convs = getattr(self, "_probe_convs", None) if self.model is None else None
         env = _torch_env.record_env(torch, model=self.model, convs=convs,
                                     autocast=self._autocast, device=self._device)
         self.env = env
+        raw = self._export_window(prof, stop - 1)
         self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
-                                          args=(prof, stop - 1, env,
-                                                (self._window_t0, time.time())))
+                                          args=(raw, stop - 1, env, window))
         self._analysis.start()
+
+    def _export_window(self, prof: Any, step: int) -> str:
+        """The window's trace file, exported here on the training thread, right after the
+        profiler's stop. torch's export holds the GIL throughout, so from the analysis
+        thread it stalled training just as long, at a random iteration after the window;
+        here it lands in the window's last iteration, as the stop does. The results are
+        kept until close (``_torch_env.export_trace``)."""
+        t0 = time.perf_counter()
+        tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
+        raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
+        try:
+            self._kept_results = _torch_env.export_trace(prof, raw)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.export_seconds = time.perf_counter() - t0
+        return raw
 
     def _abort_window(self, exc: BaseException | str) -> None:
         prof, self._window = self._window, None
@@ -532,19 +551,12 @@ class GpuProfiler(HookCore):
         if exc:
             self._fail("window", exc)
 
-    def _analyze(self, prof: Any, step: int, env: dict[str, Any],
+    def _analyze(self, raw: str, step: int, env: dict[str, Any],
                  window: tuple[float, float]) -> None:
-        """Analysis thread: export the trace (it needs the profiler object, so it stays in
-        this process), then the rest in a low-priority child process (HookCore)."""
+        """Analysis thread: NVML telemetry, then the rest in a low-priority child process
+        (HookCore); the exported trace's temporary folder goes afterwards."""
         t0 = time.perf_counter()
-        tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         try:
-            name = f"window_{self.iter_start}_{step + 1}.pt.trace.json"
-            raw = os.path.join(tmp, name)
-            prof.export_chrome_trace(raw)
-            _torch_env.release_profiler(prof)  # here, not at a later GC in the training thread
-            del prof
-            self.export_seconds = time.perf_counter() - t0
             env["unprofiled"] = self._unprofiled(self._not_unprofiled, self._window_opens_at(),
                                                  lambda: self._closed)
             self._analyze_in_child(
@@ -552,11 +564,11 @@ class GpuProfiler(HookCore):
                 no_gpu_warning="tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
                 "probably in use by another tool (Nsight Systems/Compute, another profiler, "
                 "JAX); the report covers CPU operators only",
-                stored_name=name + ".gz", gzip_raw=True)
+                stored_name=os.path.basename(raw) + ".gz", gzip_raw=True)
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(os.path.dirname(raw), ignore_errors=True)
             self.analysis_seconds = time.perf_counter() - t0
 
     def _not_unprofiled(self, step: int) -> bool:
