@@ -192,6 +192,53 @@ def summary(ratios: list[float]) -> dict[str, Any]:
     return out
 
 
+def phase_figures(alt: Alternation) -> dict[str, Any]:
+    """The during phase as a whole (every stall in it) and the window's own cost.
+
+    Phase against phase: both walls hold the harness's probes and syncs (4-5 % over the
+    blocks' own times), so a phase's wall is compared with another phase's wall, never with
+    block times. ``during_over_neighbours``: the during blocks against the 20 blocks each
+    side of the window and its analysis, the nearest in time (the host drifts by tens of
+    percent over minutes). ``during_counted``: the analysis thread's CPU time (an upper
+    bound on its GIL hold) over the analysis's wall time, plus the hook threads' share: what
+    the analysis can take from a GIL-bound loop, counted instead of timed."""
+    out: dict[str, Any] = {}
+    c, before = alt.counts.get("during"), alt.counts.get("before")
+    if c and before:
+        out["during_phase_over_before_phase"] = round(c["iteration_ms"] /
+                                                      before["iteration_ms"], 4)
+    near = [b["ms"] for b in alt.blocks["before"][-20:] + alt.blocks["after"][:20]]
+    if alt.blocks["during"] and near:
+        out["during_over_neighbours"] = round(statistics.fmean(
+            b["ms"] for b in alt.blocks["during"]) / statistics.fmean(near), 4)
+    w = alt.counts.get("window")
+    if w and before:  # the window's iterations, its stop and its export, over un-profiled
+        out["window_extra_s"] = round((w["iteration_ms"] - before["iteration_ms"])
+                                      * w["iterations"] / 1e3, 3)
+    if ANALYSIS_CPU and c:
+        cpu, wall = ANALYSIS_CPU[-1]
+        out["analysis_thread"] = {"cpu_s": round(cpu, 4), "wall_s": round(wall, 3)}
+        out["during_counted"] = round(1 + cpu / wall + c["threads_share"], 4)
+    return out
+
+
+ANALYSIS_CPU: list[tuple[float, float]] = []  # (thread CPU s, wall s) of each _analyze run
+
+
+def count_analysis(cls: Any) -> None:
+    """Time ``cls._analyze`` (the hook's analysis thread) by its thread's CPU clock."""
+    inner = cls._analyze
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            ANALYSIS_CPU.append((time.thread_time() - c0, time.perf_counter() - t0))
+
+    cls._analyze = counted
+
+
 def results(alt: Alternation, extra: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"k": alt.k, "pairs": alt.pairs, **extra, "counts": alt.counts}
     for phase, blocks in alt.blocks.items():
@@ -201,10 +248,7 @@ def results(alt: Alternation, extra: dict[str, Any]) -> dict[str, Any]:
     out["bare_after_over_before"] = summary(same_state_ratio(bare_after, bare_before))
     during = [b for b in alt.blocks["during"] if b["analysis"]]
     out["during_over_bare_before"] = summary(same_state_ratio(during, bare_before))
-    c = alt.counts.get("during")
-    if c and bare_before:  # the whole phase, the export's stall included, against bare before
-        out["during_phase_over_bare_before"] = round(c["iteration_ms"] / statistics.median(
-            [b["ms"] for b in bare_before]), 4)
+    out.update(phase_figures(alt))
     out["during_block_ms"] = [round(b["ms"], 2) for b in during]
     out["bare_ms_median"] = {p: round(statistics.median([b["ms"] for b in bs if not
                                                           b["hooked"]]), 3)
@@ -255,6 +299,7 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
 
     from tb_gpuprof.torch import GpuProfiler
 
+    count_analysis(GpuProfiler)
     _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
     for _ in range(10):
         step()
@@ -286,7 +331,9 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     from bench_hook_overhead import gpt2_step, lightning_fit, resnet50_step, sync
 
     from tb_gpuprof.lightning import GpuProfCallback
+    from tb_gpuprof.torch import GpuProfiler
 
+    count_analysis(GpuProfiler)
     _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
     for _ in range(10):
         step()
@@ -333,6 +380,7 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
 
     from tb_gpuprof.keras import GpuProfCallback
 
+    count_analysis(GpuProfCallback)
     model, x, y = keras_model(keras, args.workload, args.smoke)
     if args.batch:  # a larger batch of the same model, e.g. to make the GPU bound its step
         reps = -(-args.batch // len(x))
