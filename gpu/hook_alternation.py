@@ -216,7 +216,7 @@ def phase_figures(alt: Alternation) -> dict[str, Any]:
         out["window_extra_s"] = round((w["iteration_ms"] - before["iteration_ms"])
                                       * w["iterations"] / 1e3, 3)
     if ANALYSIS_CPU and c:
-        cpu, wall = ANALYSIS_CPU[-1]
+        cpu, wall = ANALYSIS_CPU[0]  # the window's own (replays follow)
         out["analysis_thread"] = {"cpu_s": round(cpu, 4), "wall_s": round(wall, 3)}
         out["during_counted"] = round(1 + cpu / wall + c["threads_share"], 4)
     return out
@@ -239,8 +239,149 @@ def count_analysis(cls: Any) -> None:
     cls._analyze = counted
 
 
-def results(alt: Alternation, extra: dict[str, Any]) -> dict[str, Any]:
+class Replay:
+    """After the ``after`` phase: the window's analysis again, on a copy of its stored trace,
+    in every other block (ABBA). An ``on`` block lasts as long as that analysis runs; the
+    ``off`` block beside it as many iterations as the last ``on`` block. One window gives
+    one during phase of 1-2 s, one sample of a host that drifts by tens of percent over
+    seconds; this gives ``pairs`` such samples, each beside its own control. The hook's
+    per-iteration calls are made in both arms."""
+
+    def __init__(self, pairs: int, sync: Callable[[], None]) -> None:
+        self.pairs, self.sync = pairs, sync
+        self.blocks: list[dict[str, Any]] = []
+        self.start: Callable[[], threading.Thread] | None = None  # set by begin()
+        self.thread: threading.Thread | None = None
+        self.n = 0  # iterations done in the current block
+        self.off_len = 0
+        self.t0 = self.probe0 = 0.0
+
+    def on(self) -> bool:
+        b = len(self.blocks)
+        return (b % 2 == 0) if (b // 2) % 2 == 0 else (b % 2 == 1)
+
+    def iteration_start(self) -> None:
+        if self.n == 0:
+            self.probe0 = cpu_probe_ms()
+            self.sync()
+            self.t0 = time.perf_counter()
+            if self.on() and self.start is not None:
+                self.thread = self.start()
+
+    def iteration_end(self) -> bool:
+        """False when every pair is done."""
+        self.n += 1
+        on = self.on()
+        if (self.thread is not None and self.thread.is_alive()) if on else \
+                self.n < self.off_len:
+            return True
+        self.sync()
+        ms = (time.perf_counter() - self.t0) * 1e3 / self.n
+        self.blocks.append({"on": on, "iterations": self.n, "ms": ms, "probe": self.probe0})
+        if on:
+            self.off_len, self.thread = self.n, None
+        self.n = 0
+        return len(self.blocks) < 2 * self.pairs
+
+    def ratios(self) -> list[float]:
+        out = []
+        for a, b in zip(self.blocks[0::2], self.blocks[1::2], strict=False):
+            on, off = (a, b) if a["on"] else (b, a)
+            out.append(on["ms"] / off["ms"])
+        return out
+
+
+def torch_replay(prof: Any) -> Callable[[], threading.Thread]:
+    """The torch hook's analysis thread, started on a fresh copy of its window's trace."""
+    import gzip
+
+    def start() -> threading.Thread:
+        tmp = tempfile.mkdtemp(prefix="alt_replay_")
+        raw = os.path.join(tmp, os.path.basename(prof.trace_path).removesuffix(".gz"))
+        with gzip.open(prof.trace_path, "rb") as src, open(raw, "wb") as dst:
+            dst.write(src.read())
+        t = threading.Thread(target=prof._analyze, name="tb_gpuprof-window", args=(
+            raw, prof.iter_stop - 1, dict(prof.env), (time.time() - 1, time.time())))
+        t.start()
+        return t
+    return start
+
+
+def keras_replay(cb: Any, backend: str) -> Callable[[], threading.Thread]:
+    """The Keras callback's analysis thread, on a copy of its stored profile."""
+    import gzip
+    import shutil
+    import types
+
+    def start() -> threading.Thread:
+        tmp = tempfile.mkdtemp(prefix="alt_replay_")
+        raw = os.path.join(tmp, "window.pt.trace.json" if backend == "torch"
+                           else os.path.basename(cb.trace_path))
+        opener = gzip.open if cb.trace_path.endswith(".gz") else open
+        with opener(cb.trace_path, "rb") as src, open(raw, "wb") as dst:
+            dst.write(src.read())
+        stored = os.path.basename(cb.trace_path)
+        win = types.SimpleNamespace(
+            raw_trace=lambda: raw, first_step=cb.report_step - WINDOW_LENGTH + 1,
+            t0=time.time() - 1, t1=time.time(), stored_name=lambda: stored,
+            gzip_raw=stored.endswith(".gz"), cleanup=lambda: shutil.rmtree(tmp, True))
+        t = threading.Thread(target=cb._analyze, name="tb_gpuprof-window",
+                             args=(win, cb.report_step, dict(cb.env)))
+        t.start()
+        return t
+    return start
+
+
+class Driver:
+    """The per-iteration calls of a run: the alternation's phases, then the replay."""
+
+    def __init__(self, alt: Alternation, replay: Replay | None,
+                 starter: Callable[[], Callable[[], threading.Thread]]) -> None:
+        self.alt, self.replay, self.starter = alt, replay, starter
+        self.replaying = False
+
+    def iteration_start(self) -> None:
+        (self.replay if self.replaying and self.replay else self.alt).iteration_start()
+
+    def hooked(self) -> bool:
+        return self.replaying or self.alt.hooked()
+
+    def iteration_end(self, hook: Any) -> bool:
+        """False when the run is over."""
+        if self.replaying and self.replay is not None:
+            return self.replay.iteration_end()
+        self.alt.iteration_end(running(hook))
+        if advance(self.alt, hook):
+            return True
+        if self.replay is None or getattr(hook, "trace_path", None) is None:
+            return False
+        self.replay.start = self.starter()
+        self.replaying = True
+        return True
+
+
+def replay_figures(replay: Replay | None, first_cpu: int) -> dict[str, Any]:
+    if replay is None or not replay.blocks:
+        return {}
+    runs = ANALYSIS_CPU[first_cpu:]
+    share = [cpu / wall for cpu, wall in runs if wall > 0]
+    return {"replay_on_over_off": summary(replay.ratios()),
+            "replay_iterations_on": [b["iterations"] for b in replay.blocks if b["on"]],
+            "replay_analysis_cpu_share": round(statistics.median(share), 4) if share else None,
+            "replay_blocks": [[int(b["on"]), b["iterations"], round(b["ms"], 3),
+                               round(b["probe"], 3)] for b in replay.blocks]}
+
+
+def new_replay(args: argparse.Namespace, sync: Callable[[], None]) -> Replay | None:
+    return Replay(args.replays, sync) if args.replays > 0 else None
+
+
+def results(alt: Alternation, extra: dict[str, Any], replay: Replay | None = None
+            ) -> dict[str, Any]:
     out: dict[str, Any] = {"k": alt.k, "pairs": alt.pairs, **extra, "counts": alt.counts}
+    if ANALYSIS_CPU:  # the window's own analysis (the hook's attribute is the last replay's)
+        out["analysis_s"] = round(ANALYSIS_CPU[0][1], 3)
+    out.update(replay_figures(replay, 1))
     for phase, blocks in alt.blocks.items():
         out[f"{phase}_hooked_over_bare"] = summary(pair_ratios(blocks))
     bare_before = [b for b in alt.blocks["before"] if not b["hooked"]]
@@ -309,21 +450,20 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
                        iter_stop=first + WINDOW_LENGTH, record_shapes=shapes,
                        with_flops=shapes).start()
     alt = Alternation(args.k, args.pairs, sync)
+    drive = Driver(alt, new_replay(args, sync), lambda: torch_replay(prof))
     alt.begin_phase("before")
     go = True
     while go:
-        alt.iteration_start()
+        drive.iteration_start()
         step()
-        if alt.hooked():
+        if drive.hooked():
             prof.step()
-        alt.iteration_end(running(prof))
-        go = advance(alt, prof)
+        go = drive.iteration_end(prof)
     prof.wait(300)
-    extra = {"hook": "torch", "analysis_s": prof.analysis_seconds,
-             "export_s": prof.export_seconds,
+    extra = {"hook": "torch", "export_s": prof.export_seconds,
              "report": prof.report is not None}
     prof.close()
-    return results(alt, extra)
+    return results(alt, extra, drive.replay)
 
 
 def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
@@ -341,6 +481,7 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_light_"), iter_start=first,
                          iter_stop=first + WINDOW_LENGTH)
     alt = Alternation(args.k, args.pairs, sync)
+    drive = Driver(alt, new_replay(args, sync), lambda: torch_replay(cb.profiler))
 
     class Harness(L.Callback):
         def on_train_start(self, trainer: Any, pl: Any) -> None:
@@ -348,16 +489,15 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
             alt.begin_phase("before")
 
         def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
-            alt.iteration_start()
-            if alt.hooked():
+            drive.iteration_start()
+            if drive.hooked():
                 cb.on_train_batch_start(trainer, pl, batch, idx)
 
         def on_train_batch_end(self, trainer: Any, pl: Any, out: Any, batch: Any,
                                idx: int) -> None:
-            if alt.hooked():
+            if drive.hooked():
                 cb.on_train_batch_end(trainer, pl, out, batch, idx)
-            alt.iteration_end(running(cb.profiler))
-            if not advance(alt, cb.profiler):
+            if not drive.iteration_end(cb.profiler):
                 trainer.should_stop = True
 
         def on_train_end(self, trainer: Any, pl: Any) -> None:
@@ -368,9 +508,9 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     lightning_fit(None, step, Harness())
     last = cb.last_profiler
     return results(alt, {"hook": "lightning",
-                         "analysis_s": last.analysis_seconds if last else None,
                          "export_s": last.export_seconds if last else None,
-                         "report": last is not None and last.report is not None})
+                         "report": last is not None and last.report is not None},
+                   drive.replay)
 
 
 def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
@@ -391,6 +531,7 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_keras_"), iter_start=first,
                          iter_stop=first + WINDOW_LENGTH)
     alt = Alternation(args.k, args.pairs, sync if backend == "torch" else lambda: None)
+    drive = Driver(alt, new_replay(args, alt.sync), lambda: keras_replay(cb, backend))
     warm = 10
 
     class Harness(keras.callbacks.Callback):
@@ -402,17 +543,16 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             if batch == warm:
                 alt.begin_phase("before")
             if batch >= warm:
-                alt.iteration_start()
-                if alt.hooked():
+                drive.iteration_start()
+                if drive.hooked():
                     cb.on_train_batch_begin(batch, logs)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if batch < warm:
                 return
-            if alt.hooked():
+            if drive.hooked():
                 cb.on_train_batch_end(batch, logs)
-            alt.iteration_end(running(cb))
-            if not advance(alt, cb):
+            if not drive.iteration_end(cb):
                 self.model.stop_training = True
 
         def on_train_end(self, logs: Any = None) -> None:
@@ -420,8 +560,8 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             cb.on_train_end(logs)
 
     model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Harness()])
-    return results(alt, {"hook": f"keras-{backend}", "analysis_s": None,
-                         "report": cb.report is not None})
+    return results(alt, {"hook": f"keras-{backend}", "report": cb.report is not None},
+                   drive.replay)
 
 
 def main() -> int:
@@ -435,11 +575,13 @@ def main() -> int:
                     help="Keras: this batch size instead of keras_model's")
     ap.add_argument("--no-shapes", action="store_true",
                     help="torch: a window without operator shapes or FLOPs (a smaller export)")
+    ap.add_argument("--replays", type=int, default=20,
+                    help="pairs of blocks with and without a replay of the window's analysis")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.smoke:
-        args.pairs = min(args.pairs, 6)
+        args.pairs, args.replays = min(args.pairs, 6), min(args.replays, 2)
     runs: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
         "torch": run_torch, "lightning": run_lightning,
         "keras-jax": lambda a: run_keras(a, "jax"),

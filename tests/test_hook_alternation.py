@@ -35,8 +35,8 @@ def test_blocks_alternate_abba_and_pairs_keep_only_one_host_state():
 def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "alt.json"
-    proc = subprocess.run([sys.executable, SCRIPT, "--hook", "torch", "--smoke", "--out",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, SCRIPT, "--hook", "torch", "--smoke", "--replays",
+                           "1", "--out", str(out)], capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     row = json.loads(out.read_text())
     assert row["report"] is True
@@ -56,3 +56,31 @@ def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
     assert 0 < row["analysis_thread"]["cpu_s"] <= row["analysis_thread"]["wall_s"]
     assert row["analysis_thread"]["wall_s"] >= row["analysis_s"] * 0.99
     assert row["during_counted"] > 1
+    # one replay pair: the analysis once more beside a bare block of as many iterations
+    on, off = sorted(row["replay_blocks"], key=lambda b: -b[0])
+    assert on[0] == 1 and off[0] == 0 and on[1] == off[1] > 0
+    assert row["replay_on_over_off"]["n"] == 1 and row["replay_analysis_cpu_share"] > 0
+
+
+def test_replay_blocks_alternate_abba_and_each_off_block_matches_the_last_on_block():
+    from hook_alternation import Replay
+
+    class Analysis:  # stands in for the analysis thread: alive for ``iterations`` steps
+        def __init__(self, iterations: int) -> None:
+            self.left = iterations
+
+        def is_alive(self) -> bool:
+            return self.left > 0
+
+    lengths = iter([3, 5])
+    replay = Replay(pairs=2, sync=lambda: None)
+    replay.start = lambda: Analysis(next(lengths))  # type: ignore[assignment,return-value]
+    going = True
+    while going:
+        replay.iteration_start()
+        if replay.thread is not None:
+            replay.thread.left -= 1  # type: ignore[attr-defined]
+        going = replay.iteration_end()
+    assert [(b["on"], b["iterations"]) for b in replay.blocks] == [
+        (True, 3), (False, 3), (False, 3), (True, 5)]
+    assert len(replay.ratios()) == 2
