@@ -63,7 +63,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         warnings.simplefilter("always")
         try:
             out["trace_path"] = _store_raw(job)
-            job["trace"] = out["trace_path"] or job["trace"]
+            # the raw file where it still is (the run got a gzipped copy: reading that back
+            # would only decompress it again), else the one moved into the run
+            if not os.path.exists(job["trace"]):
+                job["trace"] = out["trace_path"] or job["trace"]
             profile = load_profile(job["trace"], python_calls=False)  # a report reads none
             if job.get("gpu_expected") and not profile.gpu:
                 out["warnings"].append(job["no_gpu_warning"])
