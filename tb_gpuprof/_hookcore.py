@@ -102,9 +102,6 @@ class HookCore:
         self._periods: collections.deque[tuple[int, float, bool]] = \
             collections.deque(maxlen=100_000)
         self._analysis: threading.Thread | None = None
-        # the window's profiler results once exported (torch): freed at close, where their
-        # destructor's GIL hold stalls no training step (_torch_env.export_trace)
-        self._kept_results: Any = None
         self.env: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None  # the window's report, once analyzed
         self.trace_path: str | None = None  # the stored raw profile, once saved

@@ -168,31 +168,19 @@ CUDA_GRAPHS_COST = ("CUPTI stays attached after the window, so every CUDA launch
                     "20-30% slower; a GPU-bound loop barely notices)")
 
 
-# Above this trace size the results are freed right after the export instead of kept.
-KEEP_RESULTS_MAX_BYTES = 512 * 2**20
+def export_trace(prof: Any, path: str) -> None:
+    """Write a stopped ``torch.profiler.profile``'s trace to ``path``, then free its results.
 
-
-def export_trace(prof: Any, path: str) -> Any:
-    """Write a stopped ``torch.profiler.profile``'s trace to ``path``; detach its C++ results.
-
-    Returns the results object, for the caller to keep until training is over; None where
-    the trace is over ``KEEP_RESULTS_MAX_BYTES`` (then they are freed here and now).
-
-    Why keep them: the results' destructor holds the GIL (torch's C++) for about twice as
-    long as the export (on CPU, 145 ms against 96 ms for an 8 MB GPT-2 window with shapes),
-    so freeing them at the window's end stalls training that long. Why detach them from the
-    profile: it sits in reference cycles of its own (its action map holds its bound
-    methods), so dropping it frees nothing; the cyclic GC would run that destructor later,
-    in whichever thread triggers a full collection, usually the training thread, at a
-    random step after the window.
+    Both hold the GIL (torch's C++), so the caller runs this where a stall is expected: at
+    the window's stop. Freeing the results here, by dropping the profile's references to
+    them, is on purpose: the profile sits in reference cycles of its own (its action map
+    holds its bound methods), so dropping the profile frees nothing, and the cyclic GC would
+    run the results' destructor later, in whichever thread triggers a full collection,
+    usually the training thread, at a random step. Keeping them until training ends was
+    measured and not taken: on CPU, the results of an 8 MB GPT-2 window held 300 MB.
     """
     prof.export_chrome_trace(path)
-    inner = getattr(prof, "profiler", None)
-    results = getattr(inner, "kineto_results", None)
     _release_profiler(prof)
-    if results is not None and os.path.getsize(path) > KEEP_RESULTS_MAX_BYTES:
-        results = None  # freed here: the last reference
-    return results
 
 
 def _release_profiler(prof: Any) -> None:

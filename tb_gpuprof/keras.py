@@ -201,7 +201,6 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         """Flush the scalars, stop NVML, close the run's events file (``fit`` does this at
         its end; another ``fit`` with the same callback continues in a new events file)."""
         self._cupti_hold.release(force=True)
-        self._kept_results = None  # a torch window's results: their destructor runs here
         self._stop_flush_thread()
         self._flush_scalars()
         self._stop_nvml()
@@ -583,12 +582,12 @@ class _TorchWindow(_Window):
         return self.fw.profiler.record_function(f"ProfilerStep#{step}")
 
     def stop(self) -> None:
-        """Stop, then export the trace here on the training thread: torch's export holds the
-        GIL throughout, so from the analysis thread it stalled training just as long, at a
-        random step after the window. The results are kept until close
+        """Stop, then export the trace and free the profiler's results here on the training
+        thread: torch holds the GIL for both, so from the analysis thread they stalled
+        training just as long, at a random step after the window
         (``_torch_env.export_trace``)."""
         super().stop()
-        self.cb._kept_results = _torch_env.export_trace(self.prof, self._trace_path())
+        _torch_env.export_trace(self.prof, self._trace_path())
         self.prof = None
 
     def raw_trace(self) -> str:

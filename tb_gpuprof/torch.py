@@ -149,8 +149,8 @@ class GpuProfiler(HookCore):
         self._teardown_cupti = False  # set TEARDOWN_CUPTI=1 around the window's start/stop
         self._cupti_hold = _torch_env.CuptiTeardownHold()  # ... and until the teardown ran
         self.analysis_seconds: float | None = None  # analysis + store, off-thread
-        # the trace export, on the training thread at the window's stop (torch's C++ holds
-        # the GIL throughout: from any thread it would stall training this long)
+        # the trace export and the results' release, on the training thread at the window's
+        # stop (torch's C++ holds the GIL throughout: from any thread it stalls training)
         self.export_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -242,7 +242,6 @@ class GpuProfiler(HookCore):
         self._cupti_hold.release(force=True)
         self._harvest(wait=True)
         self.wait()
-        self._kept_results = None  # the window's results: their destructor runs here
         self._stop_flush_thread()
         self._flush_scalars()
         self._stop_nvml()
@@ -525,16 +524,16 @@ class GpuProfiler(HookCore):
         self._analysis.start()
 
     def _export_window(self, prof: Any, step: int) -> str:
-        """The window's trace file, exported here on the training thread, right after the
-        profiler's stop. torch's export holds the GIL throughout, so from the analysis
-        thread it stalled training just as long, at a random iteration after the window;
-        here it lands in the window's last iteration, as the stop does. The results are
-        kept until close (``_torch_env.export_trace``)."""
+        """The window's trace file, exported here on the training thread right after the
+        profiler's stop, and the profiler's results freed (``_torch_env.export_trace``).
+        torch holds the GIL for both, so from the analysis thread they stalled training just
+        as long, at a random iteration after the window; here they land in the window's
+        last iteration, as the stop does."""
         t0 = time.perf_counter()
         tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
         try:
-            self._kept_results = _torch_env.export_trace(prof, raw)
+            _torch_env.export_trace(prof, raw)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
