@@ -1,0 +1,53 @@
+"""The analysis child's job (tb_gpuprof._window_child.run_job) on a real H200 trace: the raw
+profile is stored in the run, gzipped, and the analysis reads the uncompressed file it still
+has rather than decompressing the stored copy again."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+
+import tb_gpuprof.readers as readers
+from tb_gpuprof._window_child import run_job
+
+HERE = os.path.dirname(__file__)
+TRACE_GZ = os.path.join(HERE, "data", "kineto_transformer_bf16_h200.json.gz")
+
+
+def job_for(raw: str, run_dir: str, gzip_raw: bool) -> dict:
+    return {"trace": raw, "env": {}, "gpu_expected": True, "no_gpu_warning": "no GPU",
+            "store": {"run_dir": run_dir, "step": 3, "rank": None, "gzip": gzip_raw,
+                      "name": "window_1_4.pt.trace.json" + (".gz" if gzip_raw else "")}}
+
+
+def test_a_gzipped_store_keeps_the_raw_file_for_the_analysis_to_read(tmp_path, monkeypatch):
+    raw = tmp_path / "tmp" / "window_1_4.pt.trace.json"
+    raw.parent.mkdir()
+    with gzip.open(TRACE_GZ, "rb") as src, open(raw, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    read: list[str] = []
+    real = readers.load_profile
+    monkeypatch.setattr(readers, "load_profile",
+                        lambda path, **kw: read.append(path) or real(path, **kw))
+    out = run_job(job_for(str(raw), str(tmp_path / "run"), gzip_raw=True))
+    assert "error" not in out, out.get("error")
+    assert read == [str(raw)]  # not the stored .gz
+    assert out["trace_path"].endswith(".json.gz") and os.path.exists(out["trace_path"])
+    with gzip.open(out["trace_path"], "rb") as stored:
+        assert stored.read() == raw.read_bytes()
+    assert out["report"]["kernels_total"] > 0 and out["report"]["gpu_time_us"] > 0
+
+
+def test_a_store_that_moves_the_raw_file_is_read_from_the_run(tmp_path, monkeypatch):
+    raw = tmp_path / "tmp" / "profile.json"
+    raw.parent.mkdir()
+    with gzip.open(TRACE_GZ, "rb") as src, open(raw, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    read: list[str] = []
+    real = readers.load_profile
+    monkeypatch.setattr(readers, "load_profile",
+                        lambda path, **kw: read.append(path) or real(path, **kw))
+    out = run_job(job_for(str(raw), str(tmp_path / "run"), gzip_raw=False))
+    assert "error" not in out, out.get("error")
+    assert not raw.exists() and read == [out["trace_path"]]
