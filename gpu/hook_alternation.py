@@ -26,6 +26,7 @@ measure that part against a control process).
     python3 gpu/hook_alternation.py --hook keras-jax --out $OUT/alt_kjax.json
     python3 gpu/hook_alternation.py --hook torch --no-shapes --out $OUT/alt_noshapes.json
     python3 gpu/hook_alternation.py --hook keras-torch --workload resnet50 --k 1 --pairs 40
+    python3 gpu/hook_alternation.py --hook torch --pairs 60 --replays 16 --windows 8
     python3 gpu/hook_alternation.py --hook torch --smoke                            # CPU
 """
 
@@ -435,6 +436,50 @@ def window_start(args: argparse.Namespace) -> int:
     return args.pairs * args.k + 3
 
 
+NEAR_BLOCKS = 20  # blocks each side of a repeated window
+
+
+def repeated_windows(args: argparse.Namespace, step: Callable[[], None],
+                     sync: Callable[[], None], new_hook: Callable[[int], Any]
+                     ) -> dict[str, Any]:
+    """``--windows N``: N more hooks, one after the other, each with one window; every
+    iteration hooked. Per window: the blocks while its analysis runs against the
+    ``NEAR_BLOCKS`` blocks before the window and after the analysis. The main run has one
+    window, one sample of the during phase; this gives N, each beside its own neighbours,
+    with everything the window leaves in its first seconds (the analysis replays leave
+    that out)."""
+    def block(hook: Any) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(args.k):
+            step()
+            hook.step()
+        sync()
+        return (time.perf_counter() - t0) * 1e3 / args.k
+
+    rows = []
+    for _ in range(args.windows):
+        hook = new_hook(NEAR_BLOCKS * args.k + 2)  # opens at iteration NEAR_BLOCKS * k + 1
+        pre = [block(hook) for _ in range(NEAR_BLOCKS)]
+        while getattr(hook, "_analysis", None) is None:  # the window, untimed
+            step()
+            hook.step()
+        during = []
+        while not hook.wait(0):
+            during.append(block(hook))
+        post = [block(hook) for _ in range(NEAR_BLOCKS)]
+        hook.close()
+        rows.append({"during_over_near": statistics.fmean(during) / statistics.fmean(
+            pre + post) if during else None, "during_blocks": len(during),
+            "export_s": getattr(hook, "export_seconds", None),
+            "analysis_s": getattr(hook, "analysis_seconds", None),
+            "report": hook.report is not None,
+            "ms": {"pre": [round(x, 2) for x in pre], "during": [round(x, 2) for x in during],
+                   "post": [round(x, 2) for x in post]}})
+    ratios = [r["during_over_near"] for r in rows if r["during_over_near"] is not None]
+    return {"windows_during_over_near": summary(ratios), "windows": rows}
+
+
 def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     from bench_hook_overhead import gpt2_step, resnet50_step, sync
 
@@ -463,6 +508,10 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     extra = {"hook": "torch", "export_s": prof.export_seconds,
              "report": prof.report is not None}
     prof.close()
+    if args.windows:
+        extra.update(repeated_windows(args, step, sync, lambda first: GpuProfiler(
+            tempfile.mkdtemp(prefix="alt_win_"), iter_start=first,
+            iter_stop=first + WINDOW_LENGTH, record_shapes=shapes, with_flops=shapes).start()))
     return results(alt, extra, drive.replay)
 
 
@@ -577,9 +626,14 @@ def main() -> int:
                     help="torch: a window without operator shapes or FLOPs (a smaller export)")
     ap.add_argument("--replays", type=int, default=20,
                     help="pairs of blocks with and without a replay of the window's analysis")
+    ap.add_argument("--windows", type=int, default=0,
+                    help="torch: this many more hooks after the run, one window each, for "
+                         "the during phase of each against its neighbouring blocks")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.windows and args.hook != "torch":
+        ap.error("--windows: the torch hook only")
     if args.smoke:
         args.pairs, args.replays = min(args.pairs, 6), min(args.replays, 2)
     runs: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {

@@ -84,3 +84,45 @@ def test_replay_blocks_alternate_abba_and_each_off_block_matches_the_last_on_blo
     assert [(b["on"], b["iterations"]) for b in replay.blocks] == [
         (True, 3), (False, 3), (False, 3), (True, 5)]
     assert len(replay.ratios()) == 2
+
+
+def test_repeated_windows_time_the_analysis_against_the_blocks_each_side():
+    import argparse
+
+    from hook_alternation import NEAR_BLOCKS, repeated_windows
+
+    class Hook:  # a window opens at ``first - 1``; its analysis runs for 4 blocks' worth
+        def __init__(self, first: int) -> None:
+            self.first, self.n, self.analysis_left = first, 0, 0
+            self._analysis = None
+            self.report, self.closed = {"ok": 1}, False
+            self.export_seconds = self.analysis_seconds = 0.1
+
+        def step(self) -> None:
+            self.n += 1
+            if self.n == self.first + 3:  # the window's stop
+                self._analysis, self.analysis_left = object(), 4 * 2
+
+        def wait(self, timeout: float) -> bool:
+            if self.analysis_left:
+                self.analysis_left -= 1  # asked once per block
+                return False
+            return self._analysis is not None
+
+        def close(self) -> None:
+            self.closed = True
+
+    hooks: list[Hook] = []
+
+    def new_hook(first: int) -> Hook:
+        hooks.append(Hook(first))
+        return hooks[-1]
+
+    args = argparse.Namespace(k=2, windows=3)
+    out = repeated_windows(args, lambda: None, lambda: None, new_hook)
+    assert len(hooks) == 3 and all(h.closed for h in hooks)
+    assert hooks[0].first == NEAR_BLOCKS * 2 + 2
+    row = out["windows"][0]
+    assert len(row["ms"]["pre"]) == len(row["ms"]["post"]) == NEAR_BLOCKS
+    assert row["during_blocks"] == 8 and row["during_over_near"] > 0
+    assert out["windows_during_over_near"]["n"] == 3
