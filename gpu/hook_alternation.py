@@ -27,6 +27,7 @@ measure that part against a control process).
     python3 gpu/hook_alternation.py --hook torch --no-shapes --out $OUT/alt_noshapes.json
     python3 gpu/hook_alternation.py --hook keras-torch --workload resnet50 --k 1 --pairs 40
     python3 gpu/hook_alternation.py --hook torch --pairs 60 --replays 16 --windows 8
+    python3 gpu/hook_alternation.py --hook keras-torch --pairs 40 --replays 12 --child-away
     python3 gpu/hook_alternation.py --hook torch --smoke                            # CPU
 """
 
@@ -65,6 +66,54 @@ def task_clocks() -> dict[int, tuple[str, int, int]]:
         except (OSError, ValueError):
             pass  # ended since the listing, or no schedstat in this kernel
     return out
+
+
+def last_cpu(tid: int) -> int:
+    """The CPU a thread of this process last ran on (/proc/.../stat, field 39)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()  # fields 3.. (the name may hold spaces)
+    return int(rest[39 - 3])
+
+
+def with_siblings(cpus: set[int]) -> set[int]:
+    """``cpus`` and their SMT siblings, as this machine's topology lists them."""
+    out = set(cpus)
+    for cpu in cpus:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def keep_children_away(main_tid: int) -> None:
+    """``--child-away``: every child process this one starts (the hook's analysis child) is
+    given, right after its start, the CPUs other than those the training threads (this
+    thread and torch's autograd threads) last ran on, and their SMT siblings. A test of
+    whether the analysis slows training through shared cores; the library is unchanged."""
+    import subprocess
+
+    class Away(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            try:
+                tids = [t for t, (name, _, _) in task_clocks().items()
+                        if t == main_tid or name.startswith("pt_autograd")]
+                free = os.sched_getaffinity(0) - with_siblings({last_cpu(t) for t in tids})
+                if free:
+                    os.sched_setaffinity(self.pid, free)
+                    CHILD_CPUS.append(len(free))
+            except OSError:
+                pass
+
+    subprocess.Popen = Away  # type: ignore[misc]
+
+
+CHILD_CPUS: list[int] = []  # how many CPUs each child was given (--child-away)
 
 
 def thread_names() -> dict[int, str]:
@@ -629,6 +678,8 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=0,
                     help="torch: this many more hooks after the run, one window each, for "
                          "the during phase of each against its neighbouring blocks")
+    ap.add_argument("--child-away", action="store_true",
+                    help="start the analysis child off the training threads' CPUs")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -640,8 +691,11 @@ def main() -> int:
         "torch": run_torch, "lightning": run_lightning,
         "keras-jax": lambda a: run_keras(a, "jax"),
         "keras-torch": lambda a: run_keras(a, "torch")}
+    if args.child_away:
+        keep_children_away(threading.get_native_id())
     t0 = time.perf_counter()
     out = runs[args.hook](args)
+    out["child_cpus"] = CHILD_CPUS or None
     out["workload"], out["wall_s"] = args.workload, round(time.perf_counter() - t0, 1)
     out["batch"] = args.batch or None
     text = json.dumps({k: v for k, v in out.items() if k != "blocks"}, indent=1)

@@ -126,3 +126,22 @@ def test_repeated_windows_time_the_analysis_against_the_blocks_each_side():
     assert len(row["ms"]["pre"]) == len(row["ms"]["post"]) == NEAR_BLOCKS
     assert row["during_blocks"] == 8 and row["during_over_near"] > 0
     assert out["windows_during_over_near"]["n"] == 3
+
+
+def test_child_away_starts_children_off_the_training_threads_cpus(monkeypatch):
+    import subprocess
+    import threading
+
+    import hook_alternation as ha
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nowhere else to put the child")
+    monkeypatch.setattr(subprocess, "Popen", subprocess.Popen)  # restored afterwards
+    monkeypatch.setattr(ha, "CHILD_CPUS", [])
+    ha.keep_children_away(threading.get_native_id())
+    script = "import os, time; time.sleep(0.5); print(len(os.sched_getaffinity(0)))"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    out, _ = child.communicate(timeout=60)
+    assert ha.CHILD_CPUS, "the child was not pinned"
+    assert 0 < ha.CHILD_CPUS[-1] < len(os.sched_getaffinity(0))  # not this thread's CPU
+    assert int(out) == ha.CHILD_CPUS[-1]  # the child runs on the CPUs it was given
