@@ -21,8 +21,9 @@ def job_for(raw: str, run_dir: str, gzip_raw: bool) -> dict:
                       "name": "window_1_4.pt.trace.json" + (".gz" if gzip_raw else "")}}
 
 
-def test_a_gzipped_store_keeps_the_raw_file_for_the_analysis_to_read(tmp_path, monkeypatch):
-    raw = tmp_path / "tmp" / "window_1_4.pt.trace.json"
+def raw_trace_and_reads(tmp_path, monkeypatch, name: str):
+    """A raw H200 trace at ``tmp/<name>``, and the list of paths the analysis will read."""
+    raw = tmp_path / "tmp" / name
     raw.parent.mkdir()
     with gzip.open(TRACE_GZ, "rb") as src, open(raw, "wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -30,6 +31,11 @@ def test_a_gzipped_store_keeps_the_raw_file_for_the_analysis_to_read(tmp_path, m
     real = readers.load_profile
     monkeypatch.setattr(readers, "load_profile",
                         lambda path, **kw: read.append(path) or real(path, **kw))
+    return raw, read
+
+
+def test_a_gzipped_store_keeps_the_raw_file_for_the_analysis_to_read(tmp_path, monkeypatch):
+    raw, read = raw_trace_and_reads(tmp_path, monkeypatch, "window_1_4.pt.trace.json")
     out = run_job(job_for(str(raw), str(tmp_path / "run"), gzip_raw=True))
     assert "error" not in out, out.get("error")
     assert read == [str(raw)]  # not the stored .gz
@@ -40,14 +46,7 @@ def test_a_gzipped_store_keeps_the_raw_file_for_the_analysis_to_read(tmp_path, m
 
 
 def test_a_store_that_moves_the_raw_file_is_read_from_the_run(tmp_path, monkeypatch):
-    raw = tmp_path / "tmp" / "profile.json"
-    raw.parent.mkdir()
-    with gzip.open(TRACE_GZ, "rb") as src, open(raw, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    read: list[str] = []
-    real = readers.load_profile
-    monkeypatch.setattr(readers, "load_profile",
-                        lambda path, **kw: read.append(path) or real(path, **kw))
+    raw, read = raw_trace_and_reads(tmp_path, monkeypatch, "profile.json")
     out = run_job(job_for(str(raw), str(tmp_path / "run"), gzip_raw=False))
     assert "error" not in out, out.get("error")
     assert not raw.exists() and read == [out["trace_path"]]
