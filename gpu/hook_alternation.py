@@ -295,12 +295,14 @@ class Replay:
     ``off`` block beside it as many iterations as the last ``on`` block. One window gives
     one during phase of 1-2 s, one sample of a host that drifts by tens of percent over
     seconds; this gives ``pairs`` such samples, each beside its own control. The hook's
-    per-iteration calls are made in both arms."""
+    per-iteration calls are made in both arms. ``prepare`` copies the stored trace before
+    an ``on`` block's clock starts, and gives what starts the analysis on that copy."""
 
     def __init__(self, pairs: int, sync: Callable[[], None]) -> None:
         self.pairs, self.sync = pairs, sync
         self.blocks: list[dict[str, Any]] = []
-        self.start: Callable[[], threading.Thread] | None = None  # set by begin()
+        self.prepare: Callable[[], Callable[[], threading.Thread]] | None = None  # Driver's
+        self.copy_ms: list[float] = []  # each prepare's time (outside the blocks)
         self.thread: threading.Thread | None = None
         self.n = 0  # iterations done in the current block
         self.off_len = 0
@@ -312,11 +314,16 @@ class Replay:
 
     def iteration_start(self) -> None:
         if self.n == 0:
+            launch = None
+            if self.on() and self.prepare is not None:
+                t = time.perf_counter()
+                launch = self.prepare()
+                self.copy_ms.append((time.perf_counter() - t) * 1e3)
             self.probe0 = cpu_probe_ms()
             self.sync()
             self.t0 = time.perf_counter()
-            if self.on() and self.start is not None:
-                self.thread = self.start()
+            if launch is not None:
+                self.thread = launch()
 
     def iteration_end(self) -> bool:
         """False when every pair is done."""
@@ -341,52 +348,57 @@ class Replay:
         return out
 
 
-def torch_replay(prof: Any) -> Callable[[], threading.Thread]:
-    """The torch hook's analysis thread, started on a fresh copy of its window's trace."""
+def unstored_copy(stored: str, name: str) -> tuple[str, str]:
+    """A fresh folder holding ``name``: the stored profile, decompressed where gzipped."""
     import gzip
 
-    def start() -> threading.Thread:
-        tmp = tempfile.mkdtemp(prefix="alt_replay_")
-        raw = os.path.join(tmp, os.path.basename(prof.trace_path).removesuffix(".gz"))
-        with gzip.open(prof.trace_path, "rb") as src, open(raw, "wb") as dst:
-            dst.write(src.read())
-        t = threading.Thread(target=prof._analyze, name="tb_gpuprof-window", args=(
-            raw, prof.iter_stop - 1, dict(prof.env), (time.time() - 1, time.time())))
-        t.start()
-        return t
-    return start
+    tmp = tempfile.mkdtemp(prefix="alt_replay_")
+    raw = os.path.join(tmp, name)
+    with (gzip.open if stored.endswith(".gz") else open)(stored, "rb") as src, \
+            open(raw, "wb") as dst:
+        dst.write(src.read())
+    return tmp, raw
 
 
-def keras_replay(cb: Any, backend: str) -> Callable[[], threading.Thread]:
-    """The Keras callback's analysis thread, on a copy of its stored profile."""
-    import gzip
+def started(target: Callable[..., Any], *args: Any) -> threading.Thread:
+    t = threading.Thread(target=target, name="tb_gpuprof-window", args=args)
+    t.start()
+    return t
+
+
+def torch_replay(prof: Any) -> Callable[[], Callable[[], threading.Thread]]:
+    """The torch hook's analysis thread, on a fresh copy of its window's trace."""
+    def prepare() -> Callable[[], threading.Thread]:
+        _, raw = unstored_copy(prof.trace_path,
+                               os.path.basename(prof.trace_path).removesuffix(".gz"))
+        return lambda: started(prof._analyze, raw, prof.iter_stop - 1, dict(prof.env),
+                               (time.time() - 1, time.time()))
+    return prepare
+
+
+def keras_replay(cb: Any, backend: str) -> Callable[[], Callable[[], threading.Thread]]:
+    """The Keras callback's analysis thread, on a fresh copy of its stored profile."""
     import shutil
     import types
 
-    def start() -> threading.Thread:
-        tmp = tempfile.mkdtemp(prefix="alt_replay_")
-        raw = os.path.join(tmp, "window.pt.trace.json" if backend == "torch"
-                           else os.path.basename(cb.trace_path))
-        opener = gzip.open if cb.trace_path.endswith(".gz") else open
-        with opener(cb.trace_path, "rb") as src, open(raw, "wb") as dst:
-            dst.write(src.read())
+    def prepare() -> Callable[[], threading.Thread]:
         stored = os.path.basename(cb.trace_path)
+        tmp, raw = unstored_copy(cb.trace_path, "window.pt.trace.json" if backend == "torch"
+                                 else stored)
         win = types.SimpleNamespace(
             raw_trace=lambda: raw, first_step=cb.report_step - WINDOW_LENGTH + 1,
             t0=time.time() - 1, t1=time.time(), stored_name=lambda: stored,
             gzip_raw=stored.endswith(".gz"), cleanup=lambda: shutil.rmtree(tmp, True))
-        t = threading.Thread(target=cb._analyze, name="tb_gpuprof-window",
-                             args=(win, cb.report_step, dict(cb.env)))
-        t.start()
-        return t
-    return start
+        return lambda: started(cb._analyze, win, cb.report_step, dict(cb.env))
+    return prepare
 
 
 class Driver:
     """The per-iteration calls of a run: the alternation's phases, then the replay."""
 
     def __init__(self, alt: Alternation, replay: Replay | None,
-                 starter: Callable[[], Callable[[], threading.Thread]]) -> None:
+                 starter: Callable[[], Callable[[], Callable[[], threading.Thread]]]
+                 ) -> None:
         self.alt, self.replay, self.starter = alt, replay, starter
         self.replaying = False
 
@@ -405,7 +417,7 @@ class Driver:
             return True
         if self.replay is None or getattr(hook, "trace_path", None) is None:
             return False
-        self.replay.start = self.starter()
+        self.replay.prepare = self.starter()
         self.replaying = True
         return True
 
@@ -418,6 +430,8 @@ def replay_figures(replay: Replay | None, first_cpu: int) -> dict[str, Any]:
     return {"replay_on_over_off": summary(replay.ratios()),
             "replay_iterations_on": [b["iterations"] for b in replay.blocks if b["on"]],
             "replay_analysis_cpu_share": round(statistics.median(share), 4) if share else None,
+            "replay_copy_ms": round(statistics.median(replay.copy_ms), 1)
+            if replay.copy_ms else None,
             "replay_blocks": [[int(b["on"]), b["iterations"], round(b["ms"], 3),
                                round(b["probe"], 3)] for b in replay.blocks]}
 

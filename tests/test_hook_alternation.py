@@ -60,6 +60,7 @@ def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
     on, off = sorted(row["replay_blocks"], key=lambda b: -b[0])
     assert on[0] == 1 and off[0] == 0 and on[1] == off[1] > 0
     assert row["replay_on_over_off"]["n"] == 1 and row["replay_analysis_cpu_share"] > 0
+    assert row["replay_copy_ms"] > 0  # the trace copy, timed apart from the blocks
 
 
 def test_replay_blocks_alternate_abba_and_each_off_block_matches_the_last_on_block():
@@ -74,7 +75,7 @@ def test_replay_blocks_alternate_abba_and_each_off_block_matches_the_last_on_blo
 
     lengths = iter([3, 5])
     replay = Replay(pairs=2, sync=lambda: None)
-    replay.start = lambda: Analysis(next(lengths))  # type: ignore[assignment,return-value]
+    replay.prepare = lambda: lambda: Analysis(next(lengths))  # type: ignore[assignment,return-value]
     going = True
     while going:
         replay.iteration_start()
