@@ -543,8 +543,9 @@ def repeated_windows(args: argparse.Namespace, step: Callable[[], None],
     return {"windows_during_over_near": summary(ratios), "windows": rows}
 
 
-def run_torch(args: argparse.Namespace) -> dict[str, Any]:
-    from bench_hook_overhead import gpt2_step, resnet50_step, sync
+def torch_workload(args: argparse.Namespace) -> Callable[[], None]:
+    """The torch workload's step, warmed up; the torch hook's analysis counted."""
+    from bench_hook_overhead import gpt2_step, resnet50_step
 
     from tb_gpuprof.torch import GpuProfiler
 
@@ -552,11 +553,23 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
     for _ in range(10):
         step()
-    first = window_start(args)
+    return step
+
+
+def run_torch(args: argparse.Namespace) -> dict[str, Any]:
+    from bench_hook_overhead import sync
+
+    from tb_gpuprof.torch import GpuProfiler
+
+    step = torch_workload(args)
     shapes = not args.no_shapes
-    prof = GpuProfiler(tempfile.mkdtemp(prefix="alt_torch_"), iter_start=first,
-                       iter_stop=first + WINDOW_LENGTH, record_shapes=shapes,
-                       with_flops=shapes).start()
+
+    def new_hook(first: int) -> GpuProfiler:
+        return GpuProfiler(tempfile.mkdtemp(prefix="alt_torch_"), iter_start=first,
+                           iter_stop=first + WINDOW_LENGTH, record_shapes=shapes,
+                           with_flops=shapes).start()
+
+    prof = new_hook(window_start(args))
     alt = Alternation(args.k, args.pairs, sync)
     drive = Driver(alt, new_replay(args, sync), lambda: torch_replay(prof))
     alt.begin_phase("before")
@@ -572,23 +585,17 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
              "report": prof.report is not None}
     prof.close()
     if args.windows:
-        extra.update(repeated_windows(args, step, sync, lambda first: GpuProfiler(
-            tempfile.mkdtemp(prefix="alt_win_"), iter_start=first,
-            iter_stop=first + WINDOW_LENGTH, record_shapes=shapes, with_flops=shapes).start()))
+        extra.update(repeated_windows(args, step, sync, new_hook))
     return results(alt, extra, drive.replay)
 
 
 def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     import lightning as L
-    from bench_hook_overhead import gpt2_step, lightning_fit, resnet50_step, sync
+    from bench_hook_overhead import lightning_fit, sync
 
     from tb_gpuprof.lightning import GpuProfCallback
-    from tb_gpuprof.torch import GpuProfiler
 
-    count_analysis(GpuProfiler)
-    _, step = (gpt2_step if args.workload == "gpt2" else resnet50_step)(args.smoke)
-    for _ in range(10):
-        step()
+    step = torch_workload(args)
     first = window_start(args)
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_light_"), iter_start=first,
                          iter_stop=first + WINDOW_LENGTH)
