@@ -31,6 +31,11 @@ CHILD_TIMEOUT_S = 3600.0
 # window starts too early for that, wait at most this long for iterations after it.
 UNPROFILED_MIN = 3
 UNPROFILED_WAIT_S = 10.0
+# The analysis child's numerical libraries run one thread each. numpy's OpenBLAS otherwise
+# starts a thread per CPU at import, and each spins for a while: on a 16-CPU host that is
+# 15 busy threads on the cores training runs on, for an analysis that does no linear algebra.
+CHILD_THREAD_LIMITS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+                       "MKL_NUM_THREADS": "1"}
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -107,6 +112,8 @@ class HookCore:
         self.trace_path: str | None = None  # the stored raw profile, once saved
         # the analysis child's niceness (_window_child; None: it could not lower it)
         self.analysis_niceness: int | None = None
+        # seconds of the last analysis's steps: the telemetry wait, the child (its own steps)
+        self.analysis_timing: dict[str, Any] | None = None
 
     # -- robustness ------------------------------------------------------------------------
 
@@ -290,7 +297,9 @@ class HookCore:
         """Analysis thread: NVML telemetry here, then the child process stores the raw
         profile and builds the report (off this process's GIL); the report comes back and is
         written into this process's events file."""
+        started = time.perf_counter()
         telemetry = self._guard("nvml", self._window_telemetry, t0, t1, when="nvml")
+        telemetry_s = time.perf_counter() - started
         if self.extra_flags:  # env is also self.env, the run summary's
             env.setdefault("flags", {}).update(self.extra_flags)
         topology = self._guard("nvml", self._window_topology, when="nvml")
@@ -300,7 +309,11 @@ class HookCore:
                "store": None if self._writer is None else
                {"run_dir": self.run_dir, "step": step, "rank": self.rank, "name": stored_name,
                 "gzip": gzip_raw}}
+        child_started = time.perf_counter()
         result = run_window_child(job)
+        self.analysis_timing = {"telemetry_s": round(telemetry_s, 4),
+                                "child_s": round(time.perf_counter() - child_started, 4),
+                                **(result.get("timing") or {})}
         self.analysis_niceness = result.get("niceness")
         self.trace_path = result.get("trace_path")
         for message in result.get("warnings") or []:
@@ -342,8 +355,9 @@ def run_window_child(job: dict[str, Any]) -> dict[str, Any]:
     """Run ``job`` in ``python -m tb_gpuprof._window_child``; its result (or an ``error``).
 
     The child finds this very package (``PYTHONPATH`` is set for the child only) and sees
-    the same environment otherwise; nothing of this process is changed."""
-    env = dict(os.environ)
+    the same environment otherwise, less its numerical libraries' threads
+    (CHILD_THREAD_LIMITS); nothing of this process is changed."""
+    env = {**os.environ, **CHILD_THREAD_LIMITS}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH"))
                                         if p)
     try:

@@ -4,7 +4,8 @@ analysis never competes with training for the training process's GIL, and it low
 CPU priority first thing (``lower_priority``: nice +19; this process only).
 
 Protocol: one JSON job on stdin, one JSON result on stdout (``{"report": ..., "trace_path":
-..., "warnings": [...]}`` or ``{"error": "..."}``); framework-free, like the analysis.
+..., "warnings": [...], "timing": {...}}`` or ``{"error": "..."}``); framework-free, like the
+analysis.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -53,38 +55,68 @@ def _store_raw(job: dict[str, Any]) -> str | None:
     return save_raw_trace(store["run_dir"], src, int(store["step"]), rank=store.get("rank"))
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
+class Phases:
+    """Wall and CPU seconds of each of the child's steps (the result's ``timing``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def done(self, step: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.seconds[f"{step}_s"] = round(wall - self._wall, 4)
+        self.seconds[f"{step}_cpu_s"] = round(cpu - self._cpu, 4)
+        self._wall, self._cpu = wall, cpu
+
+
+def run_job(job: dict[str, Any], phases: Phases | None = None) -> dict[str, Any]:
     """Store, then analyze (the raw profile is worth keeping even if the analysis fails)."""
+    phases = phases or Phases()
     from .analysis.report import build_report
     from .readers import load_profile
 
+    phases.done("imports")
     out: dict[str, Any] = {"warnings": []}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             out["trace_path"] = _store_raw(job)
+            phases.done("store")
             # the raw file where it still is (the run got a gzipped copy: reading that back
             # would only decompress it again), else the one moved into the run
             if not os.path.exists(job["trace"]):
                 job["trace"] = out["trace_path"] or job["trace"]
             profile = load_profile(job["trace"], python_calls=False)  # a report reads none
+            phases.done("read")
             if job.get("gpu_expected") and not profile.gpu:
                 out["warnings"].append(job["no_gpu_warning"])
             out["report"] = build_report(profile, key=job.get("key"), env=job.get("env"),
                                          telemetry=job.get("telemetry"),
                                          peak_tflops=job.get("peak_tflops"),
                                          topology=job.get("topology"))
+            phases.done("report")
         except Exception as e:
             out["error"] = f"{type(e).__name__}: {e}"
     out["warnings"].extend(str(w.message) for w in caught)
     return out
 
 
+def _thread_count() -> int | None:
+    """This process's threads now (Linux; None elsewhere)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
 def main() -> int:
     niceness = lower_priority()  # before the analysis's imports, which take CPU time too
+    phases = Phases()
     job = json.load(sys.stdin)
-    result = run_job(job)
+    result = run_job(job, phases)
     result["niceness"] = niceness
+    result["timing"] = {**phases.seconds, "cpu_s": round(time.process_time(), 4),
+                        "threads": _thread_count()}
     json.dump(result, sys.stdout, default=str)
     sys.stdout.flush()
     return 0

@@ -50,3 +50,31 @@ def test_a_store_that_moves_the_raw_file_is_read_from_the_run(tmp_path, monkeypa
     out = run_job(job_for(str(raw), str(tmp_path / "run"), gzip_raw=False))
     assert "error" not in out, out.get("error")
     assert not raw.exists() and read == [out["trace_path"]]
+
+
+def test_the_child_runs_one_thread_and_leaves_this_process_environment_alone(
+        tmp_path, monkeypatch):
+    """numpy's OpenBLAS starts a thread per CPU at import unless told not to: the child is
+    told (CHILD_THREAD_LIMITS, in its environment only). Without the limits the same count
+    shows the extra threads, so the check can fail."""
+    import sys
+
+    import pytest
+
+    from tb_gpuprof import _hookcore
+
+    if not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2:
+        pytest.skip("counts threads in /proc on a machine of several CPUs")
+    for name in _hookcore.CHILD_THREAD_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    raw, _ = raw_trace_and_reads(tmp_path, monkeypatch, "window_1_4.pt.trace.json")
+    job = {**job_for(str(raw), str(tmp_path / "run"), gzip_raw=True), "store": None}
+    limited = _hookcore.run_window_child(job)
+    assert "error" not in limited, limited.get("error")
+    assert limited["timing"]["threads"] == 1
+    assert limited["timing"]["cpu_s"] > 0 and limited["timing"]["read_s"] > 0
+    assert dict(os.environ) == before
+    monkeypatch.setattr(_hookcore, "CHILD_THREAD_LIMITS", {})
+    unlimited = _hookcore.run_window_child(job)
+    assert unlimited["timing"]["threads"] > 1
