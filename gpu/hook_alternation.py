@@ -19,7 +19,8 @@ GIL-bound loop; ``threads_share`` is that bound. And ``bare_after_over_before``:
 blocks after the window against the bare blocks before it, each against the median of the
 bare blocks in the same host state (the pure-Python probe): what the window left, with the
 drift of the minutes between the phases in it (the paired runs of bench_hook_overhead.py
-measure that part against a control process).
+measure that part against a control process). Every analysis child's own timing (its steps,
+CPU time and threads, the trace's size) is kept in ``child_timings``.
 
     python3 gpu/hook_alternation.py --hook torch --out $OUT/alt_torch.json          # GPU
     python3 gpu/hook_alternation.py --hook lightning --out $OUT/alt_light.json
@@ -28,6 +29,8 @@ measure that part against a control process).
     python3 gpu/hook_alternation.py --hook keras-torch --workload resnet50 --k 1 --pairs 40
     python3 gpu/hook_alternation.py --hook torch --pairs 60 --replays 16 --windows 8
     python3 gpu/hook_alternation.py --hook keras-torch --pairs 40 --replays 12 --child-away
+    python3 gpu/hook_alternation.py --hook keras-torch --pairs 16 --child-blas-threads
+    python3 gpu/hook_alternation.py --hook torch --replays 0 --windows 20 --window-control
     python3 gpu/hook_alternation.py --hook torch --smoke                            # CPU
 """
 
@@ -114,6 +117,25 @@ def keep_children_away(main_tid: int) -> None:
 
 
 CHILD_CPUS: list[int] = []  # how many CPUs each child was given (--child-away)
+CHILD_TIMINGS: list[dict[str, Any]] = []  # each analysis child's steps (its result's timing)
+
+
+def record_child_timings() -> None:
+    """Keep each analysis child's own timing, its wall time here and its trace's size."""
+    from tb_gpuprof import _hookcore
+
+    inner = _hookcore.run_window_child
+
+    def timed(job: dict[str, Any]) -> dict[str, Any]:
+        size = os.path.getsize(job["trace"]) if os.path.exists(job["trace"]) else None
+        t = time.perf_counter()
+        result = inner(job)
+        CHILD_TIMINGS.append({"wall_s": round(time.perf_counter() - t, 3),
+                              "trace_mb": size and round(size / 1e6, 2),
+                              **(result.get("timing") or {})})
+        return result
+
+    _hookcore.run_window_child = timed  # type: ignore[assignment]
 
 
 def thread_names() -> dict[int, str]:
@@ -510,7 +532,9 @@ def repeated_windows(args: argparse.Namespace, step: Callable[[], None],
     ``NEAR_BLOCKS`` blocks before the window and after the analysis. The main run has one
     window, one sample of the during phase; this gives N, each beside its own neighbours,
     with everything the window leaves in its first seconds (the analysis replays leave
-    that out)."""
+    that out). ``--window-control``: every other window's analysis is a sleep as long as the
+    last real one (no child, no telemetry, no report), so that pairs of windows tell the
+    analysis's part of the during phase from what the window itself leaves behind."""
     def block(hook: Any) -> float:
         sync()
         t0 = time.perf_counter()
@@ -520,9 +544,13 @@ def repeated_windows(args: argparse.Namespace, step: Callable[[], None],
         sync()
         return (time.perf_counter() - t0) * 1e3 / args.k
 
-    rows = []
-    for _ in range(args.windows):
+    rows: list[dict[str, Any]] = []
+    real_s = [1.0]  # the last real analysis's wall time in the child step, for the control
+    for i in range(args.windows):
         hook = new_hook(NEAR_BLOCKS * args.k + 2)  # opens at iteration NEAR_BLOCKS * k + 1
+        control = args.window_control and i % 2 == 1
+        if control:
+            hook._analyze_in_child = lambda *_a, **_k: time.sleep(real_s[0])
         pre = [block(hook) for _ in range(NEAR_BLOCKS)]
         while getattr(hook, "_analysis", None) is None:  # the window, untimed
             step()
@@ -532,15 +560,27 @@ def repeated_windows(args: argparse.Namespace, step: Callable[[], None],
             during.append(block(hook))
         post = [block(hook) for _ in range(NEAR_BLOCKS)]
         hook.close()
-        rows.append({"during_over_near": statistics.fmean(during) / statistics.fmean(
-            pre + post) if during else None, "during_blocks": len(during),
+        if not control and hook.analysis_timing:
+            real_s[0] = hook.analysis_timing["telemetry_s"] + hook.analysis_timing["child_s"]
+        rows.append({"control": control, "during_over_near": statistics.fmean(during) /
+                     statistics.fmean(pre + post) if during else None,
+                     "during_blocks": len(during),
             "export_s": getattr(hook, "export_seconds", None),
             "analysis_s": getattr(hook, "analysis_seconds", None),
             "report": hook.report is not None,
             "ms": {"pre": [round(x, 2) for x in pre], "during": [round(x, 2) for x in during],
                    "post": [round(x, 2) for x in post]}})
-    ratios = [r["during_over_near"] for r in rows if r["during_over_near"] is not None]
-    return {"windows_during_over_near": summary(ratios), "windows": rows}
+    def near(control: bool) -> list[float]:
+        return [r["during_over_near"] for r in rows
+                if r["during_over_near"] is not None and r["control"] == control]
+    out = {"windows_during_over_near": summary(near(False)), "windows": rows}
+    if args.window_control:
+        pairs = [(a["during_over_near"], b["during_over_near"])
+                 for a, b in zip(rows[0::2], rows[1::2], strict=False)
+                 if a["during_over_near"] and b["during_over_near"]]
+        out["control_windows_during_over_near"] = summary(near(True))
+        out["windows_real_over_control"] = summary([a / b for a, b in pairs])
+    return out
 
 
 def torch_workload(args: argparse.Namespace) -> Callable[[], None]:
@@ -699,8 +739,12 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=0,
                     help="torch: this many more hooks after the run, one window each, for "
                          "the during phase of each against its neighbouring blocks")
+    ap.add_argument("--window-control", action="store_true",
+                    help="--windows: every other window's analysis is a sleep as long")
     ap.add_argument("--child-away", action="store_true",
                     help="start the analysis child off the training threads' CPUs")
+    ap.add_argument("--child-blas-threads", action="store_true",
+                    help="let the analysis child's numpy start its BLAS threads (as before)")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -714,9 +758,15 @@ def main() -> int:
         "keras-torch": lambda a: run_keras(a, "torch")}
     if args.child_away:
         keep_children_away(threading.get_native_id())
+    from tb_gpuprof import _hookcore
+    if args.child_blas_threads:
+        _hookcore.CHILD_THREAD_LIMITS = {}
+    record_child_timings()
     t0 = time.perf_counter()
     out = runs[args.hook](args)
     out["child_cpus"] = CHILD_CPUS or None
+    out["child_timings"] = CHILD_TIMINGS
+    out["child_thread_limits"] = _hookcore.CHILD_THREAD_LIMITS
     out["workload"], out["wall_s"] = args.workload, round(time.perf_counter() - t0, 1)
     out["batch"] = args.batch or None
     text = json.dumps({k: v for k, v in out.items() if k != "blocks"}, indent=1)

@@ -87,8 +87,9 @@ def test_replay_blocks_alternate_abba_and_each_off_block_matches_the_last_on_blo
     assert len(replay.ratios()) == 2
 
 
-def test_repeated_windows_time_the_analysis_against_the_blocks_each_side():
+def test_repeated_windows_time_the_analysis_against_the_blocks_each_side(monkeypatch):
     import argparse
+    import time
 
     from hook_alternation import NEAR_BLOCKS, repeated_windows
 
@@ -98,6 +99,7 @@ def test_repeated_windows_time_the_analysis_against_the_blocks_each_side():
             self._analysis = None
             self.report, self.closed = {"ok": 1}, False
             self.export_seconds = self.analysis_seconds = 0.1
+            self.analysis_timing = {"telemetry_s": 0.5, "child_s": 1.25}
 
         def step(self) -> None:
             self.n += 1
@@ -119,7 +121,7 @@ def test_repeated_windows_time_the_analysis_against_the_blocks_each_side():
         hooks.append(Hook(first))
         return hooks[-1]
 
-    args = argparse.Namespace(k=2, windows=3)
+    args = argparse.Namespace(k=2, windows=3, window_control=False)
     out = repeated_windows(args, lambda: None, lambda: None, new_hook)
     assert len(hooks) == 3 and all(h.closed for h in hooks)
     assert hooks[0].first == NEAR_BLOCKS * 2 + 2
@@ -127,6 +129,22 @@ def test_repeated_windows_time_the_analysis_against_the_blocks_each_side():
     assert len(row["ms"]["pre"]) == len(row["ms"]["post"]) == NEAR_BLOCKS
     assert row["during_blocks"] == 8 and row["during_over_near"] > 0
     assert out["windows_during_over_near"]["n"] == 3
+    assert not any(r["control"] for r in out["windows"])
+    assert not any("_analyze_in_child" in vars(h) for h in hooks)
+
+    # --window-control: every other window's analysis is a sleep as long as the last real one
+    hooks.clear()
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    out = repeated_windows(argparse.Namespace(k=2, windows=4, window_control=True),
+                           lambda: None, lambda: None, new_hook)
+    assert [r["control"] for r in out["windows"]] == [False, True, False, True]
+    hooks[1]._analyze_in_child("trace", {}, 0.0, 1.0, 3)
+    assert slept == [1.75]  # hooks[0]'s telemetry wait and child
+    assert "_analyze_in_child" not in vars(hooks[2])
+    assert out["windows_during_over_near"]["n"] == 2
+    assert out["control_windows_during_over_near"]["n"] == 2
+    assert out["windows_real_over_control"]["n"] == 2
 
 
 def test_child_away_starts_children_off_the_training_threads_cpus(monkeypatch):
