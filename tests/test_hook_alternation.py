@@ -164,3 +164,28 @@ def test_child_away_starts_children_off_the_training_threads_cpus(monkeypatch):
     assert ha.CHILD_CPUS, "the child was not pinned"
     assert 0 < ha.CHILD_CPUS[-1] < len(os.sched_getaffinity(0))  # not this thread's CPU
     assert int(out) == ha.CHILD_CPUS[-1]  # the child runs on the CPUs it was given
+
+
+def test_pooled_replays_group_by_hook_and_child_threads_and_keep_steady_pairs(tmp_path):
+    from pool_replays import pooled
+
+    def record(hook: str, limits: dict, blocks: list) -> dict:
+        return {"hook": hook, "workload": "gpt2", "child_thread_limits": limits,
+                "replay_blocks": blocks}
+
+    steady = [[1, 20, 42.0, 1.2], [0, 20, 40.0, 1.2], [0, 20, 40.0, 1.3], [1, 20, 44.0, 1.3]]
+    switched = [[1, 20, 60.0, 2.3], [0, 20, 40.0, 1.2]]  # the host changed state between
+    out = pooled([record("torch", {"X": "1"}, steady),
+                  record("torch", {"X": "1"}, switched),
+                  record("torch", {}, steady[:2])])
+    assert set(out) == {"torch gpt2", "torch gpt2 (child BLAS threads)"}
+    assert out["torch gpt2"]["all"]["n"] == 3 and out["torch gpt2"]["same_state"]["n"] == 2
+    assert out["torch gpt2"]["same_state"]["median"] == pytest.approx(1.075)
+    assert out["torch gpt2"]["all"]["median"] == pytest.approx(1.1)
+    assert out["torch gpt2 (child BLAS threads)"]["all"]["median"] == pytest.approx(1.05)
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "..", "gpu", "pool_replays.py"),
+                           str(bad)], capture_output=True, text=True, cwd=HERE)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
