@@ -20,7 +20,10 @@ blocks after the window against the bare blocks before it, each against the medi
 bare blocks in the same host state (the pure-Python probe): what the window left, with the
 drift of the minutes between the phases in it (the paired runs of bench_hook_overhead.py
 measure that part against a control process). Every analysis child's own timing (its steps,
-CPU time and threads, the trace's size) is kept in ``child_timings``.
+CPU time and threads, the trace's size) is kept in ``child_timings``. Every block also holds
+the training threads' CPU time (``TrainingClock``), and each pair ratio is given by that clock
+too (``*_cpu``); ``cupti_after`` says whether CUPTI's callback subscriber was free at the end
+of the after phase (gpu/launch_after_window.py's check).
 
     python3 gpu/hook_alternation.py --hook torch --out $OUT/alt_torch.json          # GPU
     python3 gpu/hook_alternation.py --hook lightning --out $OUT/alt_light.json
@@ -138,6 +141,38 @@ def record_child_timings() -> None:
     _hookcore.run_window_child = timed  # type: ignore[assignment]
 
 
+class TrainingClock:
+    """CPU time and run-queue wait of the training threads (this thread and torch's autograd
+    threads, ``pt_autograd*``: the main thread sleeps while they run the backward pass),
+    from their schedstat. On this guest a launch-bound block's wall time spreads by ~10%
+    between adjacent blocks; its CPU time leaves out the time the vCPU was not running
+    (preempted on the host, or waiting in the run queue), so the hook's own work on these
+    threads shows through less noise. It cannot show GIL waits (the waiting thread sleeps):
+    the hook threads' CPU share bounds those."""
+
+    def __init__(self, main_tid: int) -> None:
+        self.main_tid = main_tid
+        self.tids = [main_tid]
+
+    def refresh(self) -> None:
+        """Find the autograd threads again (they start at the first backward pass)."""
+        self.tids = [self.main_tid, *sorted(
+            t for t, (name, _, _) in task_clocks().items()
+            if t != self.main_tid and name.startswith("pt_autograd"))]
+
+    def read(self) -> tuple[int, int]:
+        """(CPU ns, run-queue wait ns), summed over the training threads."""
+        run = wait = 0
+        for tid in self.tids:
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    r, w, _ = f.read().split()
+            except (OSError, ValueError):
+                continue  # ended, or no schedstat in this kernel
+            run, wait = run + int(r), wait + int(w)
+        return run, wait
+
+
 def thread_names() -> dict[int, str]:
     """Native id -> Python thread name, for the threads Python knows."""
     return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
@@ -157,6 +192,8 @@ class Alternation:
         self.tasks0: dict[int, tuple[str, int, int]] = {}
         self.phase_t0, self.phase_iterations = 0.0, 0
         self.main_tid = threading.get_native_id()
+        self.clock = TrainingClock(self.main_tid)
+        self.clock0 = (0, 0)
 
     def hooked(self) -> bool:
         """Whether the hook's calls are made in this iteration (every iteration of the window
@@ -171,6 +208,7 @@ class Alternation:
         self.block_no = self.in_block = 0
         if sync:
             self.sync()
+        self.clock.refresh()
         self.tasks0, self.phase_t0, self.phase_iterations = task_clocks(), time.perf_counter(), 0
 
     def end_phase(self, sync: bool = True) -> None:
@@ -202,6 +240,7 @@ class Alternation:
             if self.block_no % 2 == 0:
                 self.probe0 = cpu_probe_ms()
             self.sync()
+            self.clock0 = self.clock.read()
             self.t0 = time.perf_counter()
 
     def iteration_end(self, analysis_running: bool) -> None:
@@ -214,8 +253,11 @@ class Alternation:
             return
         self.sync()
         ms = (time.perf_counter() - self.t0) * 1e3 / self.k
-        self.blocks[self.phase].append({"hooked": self.hooked(), "ms": ms,
-                                        "probe": self.probe0, "analysis": analysis_running})
+        run, wait = self.clock.read()
+        self.blocks[self.phase].append({
+            "hooked": self.hooked(), "ms": ms, "probe": self.probe0,
+            "analysis": analysis_running, "cpu_ms": (run - self.clock0[0]) / 1e6 / self.k,
+            "wait_ms": (wait - self.clock0[1]) / 1e6 / self.k})
         if self.block_no % 2 == 1:
             self.blocks[self.phase][-1]["probe_after"] = cpu_probe_ms()
             self.blocks[self.phase][-2]["probe_after"] = self.blocks[self.phase][-1][
@@ -228,8 +270,9 @@ class Alternation:
             self.block_no >= 2 * self.pairs
 
 
-def pair_ratios(blocks: list[dict[str, Any]]) -> list[float]:
-    """hooked / bare of each adjacent pair whose two probes agree on the host state."""
+def pair_ratios(blocks: list[dict[str, Any]], key: str = "ms") -> list[float]:
+    """hooked / bare of each adjacent pair whose two probes agree on the host state, by wall
+    time (``ms``) or by the training threads' CPU time (``cpu_ms``)."""
     out = []
     for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
         if a["hooked"] == b["hooked"]:
@@ -238,18 +281,21 @@ def pair_ratios(blocks: list[dict[str, Any]]) -> list[float]:
         if max(p) > STEADY_SPREAD * min(p):
             continue
         h, n = (a, b) if a["hooked"] else (b, a)
-        out.append(h["ms"] / n["ms"])
+        if key in h and n.get(key):
+            out.append(h[key] / n[key])
     return out
 
 
-def same_state_ratio(xs: list[dict[str, Any]], ref: list[dict[str, Any]]) -> list[float]:
+def same_state_ratio(xs: list[dict[str, Any]], ref: list[dict[str, Any]], key: str = "ms"
+                     ) -> list[float]:
     """Each block of ``xs`` over the median of the ``ref`` blocks of its host state."""
     out = []
     for b in xs:
         p = b["probe"]
-        same = [r["ms"] for r in ref if p / SAME_STATE <= r["probe"] <= p * SAME_STATE]
-        if len(same) >= 5:
-            out.append(b["ms"] / statistics.median(same))
+        same = [r[key] for r in ref if p / SAME_STATE <= r["probe"] <= p * SAME_STATE
+                and key in r]
+        if len(same) >= 5 and key in b:
+            out.append(b[key] / statistics.median(same))
     return out
 
 
@@ -329,6 +375,8 @@ class Replay:
         self.n = 0  # iterations done in the current block
         self.off_len = 0
         self.t0 = self.probe0 = 0.0
+        self.clock = TrainingClock(threading.get_native_id())
+        self.clock0 = (0, 0)
 
     def on(self) -> bool:
         b = len(self.blocks)
@@ -343,6 +391,9 @@ class Replay:
                 self.copy_ms.append((time.perf_counter() - t) * 1e3)
             self.probe0 = cpu_probe_ms()
             self.sync()
+            if not self.blocks:
+                self.clock.refresh()
+            self.clock0 = self.clock.read()
             self.t0 = time.perf_counter()
             if launch is not None:
                 self.thread = launch()
@@ -356,17 +407,21 @@ class Replay:
             return True
         self.sync()
         ms = (time.perf_counter() - self.t0) * 1e3 / self.n
-        self.blocks.append({"on": on, "iterations": self.n, "ms": ms, "probe": self.probe0})
+        run, _ = self.clock.read()
+        self.blocks.append({"on": on, "iterations": self.n, "ms": ms, "probe": self.probe0,
+                            "cpu_ms": (run - self.clock0[0]) / 1e6 / self.n})
         if on:
             self.off_len, self.thread = self.n, None
         self.n = 0
         return len(self.blocks) < 2 * self.pairs
 
-    def ratios(self) -> list[float]:
+    def ratios(self, key: str = "ms") -> list[float]:
+        """on / off of each pair, by wall time or by the training threads' CPU time."""
         out = []
         for a, b in zip(self.blocks[0::2], self.blocks[1::2], strict=False):
             on, off = (a, b) if a["on"] else (b, a)
-            out.append(on["ms"] / off["ms"])
+            if off.get(key):
+                out.append(on[key] / off[key])
         return out
 
 
@@ -423,6 +478,7 @@ class Driver:
                  ) -> None:
         self.alt, self.replay, self.starter = alt, replay, starter
         self.replaying = False
+        self.cupti_after: str | None = None
 
     def iteration_start(self) -> None:
         (self.replay if self.replaying and self.replay else self.alt).iteration_start()
@@ -437,6 +493,8 @@ class Driver:
         self.alt.iteration_end(running(hook))
         if advance(self.alt, hook):
             return True
+        from launch_after_window import cupti_subscriber
+        self.cupti_after = cupti_subscriber()  # the after phase's end: is CUPTI let go?
         if self.replay is None or getattr(hook, "trace_path", None) is None:
             return False
         self.replay.prepare = self.starter()
@@ -450,12 +508,14 @@ def replay_figures(replay: Replay | None, first_cpu: int) -> dict[str, Any]:
     runs = ANALYSIS_CPU[first_cpu:]
     share = [cpu / wall for cpu, wall in runs if wall > 0]
     return {"replay_on_over_off": summary(replay.ratios()),
+            "replay_on_over_off_cpu": summary(replay.ratios("cpu_ms")),
             "replay_iterations_on": [b["iterations"] for b in replay.blocks if b["on"]],
             "replay_analysis_cpu_share": round(statistics.median(share), 4) if share else None,
             "replay_copy_ms": round(statistics.median(replay.copy_ms), 1)
             if replay.copy_ms else None,
             "replay_blocks": [[int(b["on"]), b["iterations"], round(b["ms"], 3),
-                               round(b["probe"], 3)] for b in replay.blocks]}
+                               round(b["probe"], 3), round(b["cpu_ms"], 3)]
+                              for b in replay.blocks]}
 
 
 def new_replay(args: argparse.Namespace, sync: Callable[[], None]) -> Replay | None:
@@ -470,18 +530,25 @@ def results(alt: Alternation, extra: dict[str, Any], replay: Replay | None = Non
     out.update(replay_figures(replay, 1))
     for phase, blocks in alt.blocks.items():
         out[f"{phase}_hooked_over_bare"] = summary(pair_ratios(blocks))
+        out[f"{phase}_hooked_over_bare_cpu"] = summary(pair_ratios(blocks, "cpu_ms"))
     bare_before = [b for b in alt.blocks["before"] if not b["hooked"]]
     bare_after = [b for b in alt.blocks["after"] if not b["hooked"]]
     out["bare_after_over_before"] = summary(same_state_ratio(bare_after, bare_before))
+    # what the window left on the training threads' CPU (CUPTI's callbacks run there)
+    out["bare_after_over_before_cpu"] = summary(same_state_ratio(bare_after, bare_before,
+                                                                 "cpu_ms"))
     during = [b for b in alt.blocks["during"] if b["analysis"]]
     out["during_over_bare_before"] = summary(same_state_ratio(during, bare_before))
+    out["during_over_bare_before_cpu"] = summary(same_state_ratio(during, bare_before,
+                                                                  "cpu_ms"))
     out.update(phase_figures(alt))
     out["during_block_ms"] = [round(b["ms"], 2) for b in during]
     out["bare_ms_median"] = {p: round(statistics.median([b["ms"] for b in bs if not
                                                           b["hooked"]]), 3)
                              for p, bs in alt.blocks.items() if any(not b["hooked"] for b in bs)}
     out["blocks"] = {p: [[int(b["hooked"]), round(b["ms"], 3), round(b["probe"], 3),
-                          int(b["analysis"])] for b in bs] for p, bs in alt.blocks.items()}
+                          int(b["analysis"]), round(b["cpu_ms"], 3), round(b["wait_ms"], 3)]
+                         for b in bs] for p, bs in alt.blocks.items()}
     return out
 
 
@@ -626,7 +693,7 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     prof.close()
     if args.windows:
         extra.update(repeated_windows(args, step, sync, new_hook))
-    return results(alt, extra, drive.replay)
+    return results(alt, {**extra, "cupti_after": drive.cupti_after}, drive.replay)
 
 
 def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
@@ -668,8 +735,8 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     last = cb.last_profiler
     return results(alt, {"hook": "lightning",
                          "export_s": last.export_seconds if last else None,
-                         "report": last is not None and last.report is not None},
-                   drive.replay)
+                         "report": last is not None and last.report is not None,
+                         "cupti_after": drive.cupti_after}, drive.replay)
 
 
 def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
@@ -719,8 +786,8 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             cb.on_train_end(logs)
 
     model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Harness()])
-    return results(alt, {"hook": f"keras-{backend}", "report": cb.report is not None},
-                   drive.replay)
+    return results(alt, {"hook": f"keras-{backend}", "report": cb.report is not None,
+                         "cupti_after": drive.cupti_after}, drive.replay)
 
 
 def main() -> int:

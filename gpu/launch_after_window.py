@@ -14,6 +14,11 @@ against the steady before-samples of the same state. One process per condition:
 - ``plain``: torch.profiler around the same 3 steps, CUPTI left subscribed (the defect);
 - ``plain-teardown``: the same with TEARDOWN_CUPTI=1 for the whole process.
 
+At the end of each condition, ``cupti_subscriber``: whether CUPTI's one callback subscriber
+is free (``cuptiSubscribe`` succeeds; it is let go at once) or still held, as Kineto holds it
+after a window it did not tear down: a check of the state itself, where the launch probe
+times its cost. ``plain`` must read ``held`` for the check to mean anything.
+
     python3 gpu/launch_after_window.py --out $OUT/launch          # on a GPU
     python3 gpu/launch_after_window.py --smoke --out /tmp/launch  # CPU: runs, measures nothing
 """
@@ -47,6 +52,33 @@ def samples(seconds: float, probe: object) -> list[tuple[float, float, float, fl
         launch = probe()  # type: ignore[operator]
         out.append((launch, before, cpu_probe_ms(), launch))
     return out
+
+
+CUPTI_SUCCESS, CUPTI_ERROR_MULTIPLE_SUBSCRIBERS = 0, 39  # cupti_result.h
+
+
+def cupti_subscriber() -> str:
+    """``free`` / ``held`` / why it cannot tell: try to take CUPTI's callback subscriber
+    (one per process), in the libcupti this process loaded (torch's), and let it go."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcupti" in line}
+    except OSError as e:
+        return f"unknown: {e}"
+    if paths:
+        lib = ctypes.CDLL(sorted(paths)[0])
+    else:  # linked into torch's own libraries: the process's global symbols
+        lib = ctypes.CDLL(None)
+        if not hasattr(lib, "cuptiSubscribe"):
+            return "unknown: no libcupti loaded"
+    handle = ctypes.c_void_p()
+    rc = lib.cuptiSubscribe(ctypes.byref(handle), None, None)
+    if rc == CUPTI_SUCCESS:
+        lib.cuptiUnsubscribe(handle)
+        return "free"
+    return "held" if rc == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS else f"unknown: cupti rc {rc}"
 
 
 def window(cond: str, smoke: bool, logdir: str) -> None:
@@ -98,7 +130,8 @@ def one(cond: str, seconds: float, smoke: bool) -> dict:
             "ratio": round(statistics.median(ratios), 4) if ratios else None,
             "ci90": bootstrap_ci(lambda r: statistics.median(r.choices(ratios, k=len(ratios))))
             if ratios else None,
-            "launch_before_median": round(statistics.median(b[0] for b in before), 4)}
+            "launch_before_median": round(statistics.median(b[0] for b in before), 4),
+            "cupti_subscriber": cupti_subscriber()}
 
 
 def main() -> None:

@@ -30,6 +30,39 @@ def test_blocks_alternate_abba_and_pairs_keep_only_one_host_state():
               {"hooked": True, "ms": 20.0, "probe": 1.0, "probe_after": 2.0},  # a state switch
               {"hooked": False, "ms": 10.0, "probe": 1.0, "probe_after": 2.0}]
     assert pair_ratios(blocks) == [1.05]
+    # by the training threads' CPU time instead: the same pairs, another clock
+    for b, cpu in zip(blocks, (8.0, 8.4, 9.0, 9.0), strict=True):
+        b["cpu_ms"] = cpu
+    assert pair_ratios(blocks, "cpu_ms") == [pytest.approx(1.05)]
+
+
+def test_the_training_clock_counts_this_threads_cpu_and_not_a_sleep():
+    import threading
+    import time
+
+    from hook_alternation import TrainingClock
+
+    if not os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat"):
+        pytest.skip("no schedstat in this kernel")
+    clock = TrainingClock(threading.get_native_id())
+    clock.refresh()
+    assert clock.tids[0] == threading.get_native_id()
+    run0, _ = clock.read()
+    t_end = time.perf_counter() + 0.2
+    while time.perf_counter() < t_end:
+        pass
+    run1, _ = clock.read()
+    time.sleep(0.2)
+    run2, _ = clock.read()
+    assert (run1 - run0) / 1e9 > 0.1  # a busy 0.2 s: mostly CPU
+    assert (run2 - run1) / 1e9 < 0.05  # a sleep: none
+
+
+def test_the_cupti_check_says_why_it_cannot_tell_without_libcupti():
+    from launch_after_window import cupti_subscriber
+
+    state = cupti_subscriber()
+    assert state in ("free", "held") or state.startswith("unknown: ")
 
 
 def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
@@ -43,6 +76,9 @@ def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
     before = row["blocks"]["before"]
     assert len(before) == 2 * row["pairs"] and len(row["blocks"]["after"]) == 2 * row["pairs"]
     assert [b[0] for b in before[:4]] == [0, 1, 1, 0]
+    assert all(len(b) == 6 and b[4] > 0 for b in before)  # + the training threads' CPU
+    assert row["before_hooked_over_bare_cpu"]["n"] == row["before_hooked_over_bare"]["n"]
+    assert "cupti_after" in row and row["replay_on_over_off_cpu"]["n"] == 1
     assert row["before_hooked_over_bare"]["n"] + row["after_hooked_over_bare"]["n"] > 0
     counts = row["counts"]
     assert set(counts) == {"before", "window", "during", "after"}
