@@ -59,6 +59,14 @@ from overhead_stats import SAME_STATE, STEADY_SPREAD, bootstrap_ci, cpu_probe_ms
 WINDOW_LENGTH = 3
 
 
+def schedstat(tid: int | str) -> tuple[int, int]:
+    """(CPU ns, run-queue wait ns) of one thread of this process; OSError or ValueError where
+    it has ended or the kernel keeps no schedstat."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        run, wait, _ = f.read().split()
+    return int(run), int(wait)
+
+
 def task_clocks() -> dict[int, tuple[str, int, int]]:
     """Every native thread of this process: tid -> (name, CPU ns, run-queue wait ns)."""
     out = {}
@@ -66,9 +74,7 @@ def task_clocks() -> dict[int, tuple[str, int, int]]:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                run, wait, _ = f.read().split()
-            out[int(tid)] = (name, int(run), int(wait))
+            out[int(tid)] = (name, *schedstat(tid))
         except (OSError, ValueError):
             pass  # ended since the listing, or no schedstat in this kernel
     return out
@@ -165,11 +171,10 @@ class TrainingClock:
         run = wait = 0
         for tid in self.tids:
             try:
-                with open(f"/proc/self/task/{tid}/schedstat") as f:
-                    r, w, _ = f.read().split()
+                r, w = schedstat(tid)
             except (OSError, ValueError):
                 continue  # ended, or no schedstat in this kernel
-            run, wait = run + int(r), wait + int(w)
+            run, wait = run + r, wait + w
         return run, wait
 
 
@@ -522,9 +527,10 @@ def new_replay(args: argparse.Namespace, sync: Callable[[], None]) -> Replay | N
     return Replay(args.replays, sync) if args.replays > 0 else None
 
 
-def results(alt: Alternation, extra: dict[str, Any], replay: Replay | None = None
-            ) -> dict[str, Any]:
-    out: dict[str, Any] = {"k": alt.k, "pairs": alt.pairs, **extra, "counts": alt.counts}
+def results(drive: Driver, extra: dict[str, Any]) -> dict[str, Any]:
+    alt, replay = drive.alt, drive.replay
+    out: dict[str, Any] = {"k": alt.k, "pairs": alt.pairs, **extra,
+                           "cupti_after": drive.cupti_after, "counts": alt.counts}
     if ANALYSIS_CPU:  # the window's own analysis (the hook's attribute is the last replay's)
         out["analysis_s"] = round(ANALYSIS_CPU[0][1], 3)
     out.update(replay_figures(replay, 1))
@@ -693,7 +699,7 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     prof.close()
     if args.windows:
         extra.update(repeated_windows(args, step, sync, new_hook))
-    return results(alt, {**extra, "cupti_after": drive.cupti_after}, drive.replay)
+    return results(drive, extra)
 
 
 def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
@@ -733,10 +739,9 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
 
     lightning_fit(None, step, Harness())
     last = cb.last_profiler
-    return results(alt, {"hook": "lightning",
-                         "export_s": last.export_seconds if last else None,
-                         "report": last is not None and last.report is not None,
-                         "cupti_after": drive.cupti_after}, drive.replay)
+    return results(drive, {"hook": "lightning",
+                           "export_s": last.export_seconds if last else None,
+                           "report": last is not None and last.report is not None})
 
 
 def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
@@ -786,8 +791,7 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             cb.on_train_end(logs)
 
     model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Harness()])
-    return results(alt, {"hook": f"keras-{backend}", "report": cb.report is not None,
-                         "cupti_after": drive.cupti_after}, drive.replay)
+    return results(drive, {"hook": f"keras-{backend}", "report": cb.report is not None})
 
 
 def main() -> int:
