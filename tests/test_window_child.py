@@ -78,3 +78,29 @@ def test_the_child_runs_one_thread_and_leaves_this_process_environment_alone(
     monkeypatch.setattr(_hookcore, "CHILD_THREAD_LIMITS", {})
     unlimited = _hookcore.run_window_child(job)
     assert unlimited["timing"]["threads"] > 1
+
+
+def test_the_result_reaches_the_parent_in_few_reads_even_unbuffered(tmp_path, monkeypatch):
+    """Each read is a wake-up of the hook's analysis thread, which takes the GIL from
+    training: the child writes its result at once, also under PYTHONUNBUFFERED=1 (a
+    token-by-token ``json.dump`` made about 1,500 reads of this report)."""
+    from tb_gpuprof import _hookcore
+
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
+    raw, _ = raw_trace_and_reads(tmp_path, monkeypatch, "window_1_4.pt.trace.json")
+    job = {**job_for(str(raw), str(tmp_path / "run"), gzip_raw=True), "store": None}
+    reads: list[int] = []
+    real_read = os.read
+
+    def counted_read(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(os, "read", counted_read)
+    result = _hookcore.run_window_child(job)
+    monkeypatch.setattr(os, "read", real_read)
+    assert "error" not in result, result.get("error")
+    received = sum(reads)
+    assert received > 50_000  # the report came through these reads
+    assert len(reads) <= 3 + received // 4096  # at worst one per pipe page, not per token
