@@ -199,6 +199,15 @@ class Alternation:
         self.main_tid = threading.get_native_id()
         self.clock = TrainingClock(self.main_tid)
         self.clock0 = (0, 0)
+        self.iteration_calls_s = 0.0  # the hook's own calls in this iteration
+        self.calls_us: list[float] = []  # ... per hooked iteration of this phase
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Make one of the hook's per-iteration calls, timing it: its cost on the training
+        thread counted directly, beside the pair ratios that time it among the host's noise."""
+        t = time.perf_counter()
+        fn(*args)
+        self.iteration_calls_s += time.perf_counter() - t
 
     def hooked(self) -> bool:
         """Whether the hook's calls are made in this iteration (every iteration of the window
@@ -215,6 +224,7 @@ class Alternation:
             self.sync()
         self.clock.refresh()
         self.tasks0, self.phase_t0, self.phase_iterations = task_clocks(), time.perf_counter(), 0
+        self.calls_us = []
 
     def end_phase(self, sync: bool = True) -> None:
         if sync:
@@ -237,8 +247,15 @@ class Alternation:
                               sorted(per.items(), key=lambda kv: -kv[1]["cpu_us"])},
             "hook_threads_us": round(hook_us, 1),
             "threads_share": round(hook_us / 1e3 / iteration_ms, 5)}
+        if self.calls_us:  # per hooked iteration, and its mean over the iteration's time
+            mean = statistics.fmean(self.calls_us)
+            self.counts[self.phase].update(
+                hook_calls_us={"median": round(statistics.median(self.calls_us), 1),
+                               "mean": round(mean, 1), "max": round(max(self.calls_us), 1)},
+                calls_share=round(mean / 1e3 / iteration_ms, 5))
 
     def iteration_start(self) -> None:
+        self.iteration_calls_s = 0.0
         if self.phase == "window":
             return
         if self.in_block == 0:
@@ -253,6 +270,8 @@ class Alternation:
         self.phase_iterations += 1
         if self.phase == "window":
             return
+        if self.hooked():
+            self.calls_us.append(self.iteration_calls_s * 1e6)
         self.in_block += 1
         if self.in_block < self.k:
             return
@@ -553,7 +572,8 @@ def results(drive: Driver, extra: dict[str, Any]) -> dict[str, Any]:
                                                           b["hooked"]]), 3)
                              for p, bs in alt.blocks.items() if any(not b["hooked"] for b in bs)}
     out["blocks"] = {p: [[int(b["hooked"]), round(b["ms"], 3), round(b["probe"], 3),
-                          int(b["analysis"]), round(b["cpu_ms"], 3), round(b["wait_ms"], 3)]
+                          int(b["analysis"]), round(b["cpu_ms"], 3), round(b["wait_ms"], 3),
+                          round(b.get("probe_after", b["probe"]), 3)]
                          for b in bs] for p, bs in alt.blocks.items()}
     return out
 
@@ -678,9 +698,10 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     shapes = not args.no_shapes
 
     def new_hook(first: int) -> GpuProfiler:
+        off: dict[str, Any] = {name: False for name in args.off.split(",") if name}
         return GpuProfiler(tempfile.mkdtemp(prefix="alt_torch_"), iter_start=first,
                            iter_stop=first + WINDOW_LENGTH, record_shapes=shapes,
-                           with_flops=shapes).start()
+                           with_flops=shapes, **off).start()
 
     prof = new_hook(window_start(args))
     alt = Alternation(args.k, args.pairs, sync)
@@ -691,10 +712,10 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
         drive.iteration_start()
         step()
         if drive.hooked():
-            prof.step()
+            alt.call(prof.step)
         go = drive.iteration_end(prof)
     prof.wait(300)
-    extra = {"hook": "torch", "export_s": prof.export_seconds,
+    extra = {"hook": "torch", "off": args.off, "export_s": prof.export_seconds,
              "report": prof.report is not None}
     prof.close()
     if args.windows:
@@ -723,12 +744,12 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
         def on_train_batch_start(self, trainer: Any, pl: Any, batch: Any, idx: int) -> None:
             drive.iteration_start()
             if drive.hooked():
-                cb.on_train_batch_start(trainer, pl, batch, idx)
+                alt.call(cb.on_train_batch_start, trainer, pl, batch, idx)
 
         def on_train_batch_end(self, trainer: Any, pl: Any, out: Any, batch: Any,
                                idx: int) -> None:
             if drive.hooked():
-                cb.on_train_batch_end(trainer, pl, out, batch, idx)
+                alt.call(cb.on_train_batch_end, trainer, pl, out, batch, idx)
             if not drive.iteration_end(cb.profiler):
                 trainer.should_stop = True
 
@@ -776,13 +797,13 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             if batch >= warm:
                 drive.iteration_start()
                 if drive.hooked():
-                    cb.on_train_batch_begin(batch, logs)
+                    alt.call(cb.on_train_batch_begin, batch, logs)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if batch < warm:
                 return
             if drive.hooked():
-                cb.on_train_batch_end(batch, logs)
+                alt.call(cb.on_train_batch_end, batch, logs)
             if not drive.iteration_end(cb):
                 self.model.stop_training = True
 
@@ -816,6 +837,9 @@ def main() -> int:
                     help="start the analysis child off the training threads' CPUs")
     ap.add_argument("--child-blas-threads", action="store_true",
                     help="let the analysis child's numpy start its BLAS threads (as before)")
+    ap.add_argument("--off", default="",
+                    help="torch hook only: its options to turn off, comma-separated "
+                         "(e.g. memory,nvtx,nvml,scalars): which of its parts costs")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()

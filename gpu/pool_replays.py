@@ -6,9 +6,11 @@ cannot place the median within a few percent. This pools every pair of the recor
 per hook, workload and child thread setting (``child_thread_limits``), and reports the
 median and mean on/off ratio with 90% bootstrap intervals: over all pairs, and over the pairs
 whose two blocks began in the same host state (their pure-Python probes within STEADY_SPREAD
-of each other, the rule of the always-on pairs).
+of each other, the rule of the always-on pairs). ``--phase before`` / ``--phase after`` pool
+the always-on pairs and the pairs after the window the same way.
 
     python3 gpu/pool_replays.py benchmarks/records/h200_2026-12-02_ninth/*.json
+    python3 gpu/pool_replays.py --phase before benchmarks/records/h200_2026-12-03_*/*.json
 """
 
 from __future__ import annotations
@@ -35,13 +37,32 @@ def replay_pairs(record: dict[str, Any]) -> list[tuple[float, bool]]:
     return out
 
 
-def pooled(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Group name -> pooled figures."""
+def phase_pairs(record: dict[str, Any], phase: str) -> list[tuple[float, bool]]:
+    """(hooked / bare, both probes in one host state) of each pair of blocks of one phase
+    (``before``: always-on, ``after``: after the window); ``blocks`` rows are [hooked, ms,
+    probe, analysis, cpu ms, wait ms, probe after the pair]. Records older than the last
+    column hold one probe per pair, so every pair of theirs counts as steady."""
+    blocks = (record.get("blocks") or {}).get(phase) or []
+    out = []
+    for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
+        if bool(a[0]) == bool(b[0]):
+            continue
+        hooked, bare = (a, b) if a[0] else (b, a)
+        probes = (a[2], a[6] if len(a) > 6 else a[2])
+        out.append((hooked[1] / bare[1], max(probes) <= STEADY_SPREAD * min(probes)))
+    return out
+
+
+def pooled(records: list[dict[str, Any]], phase: str = "replays"
+           ) -> dict[str, dict[str, Any]]:
+    """Group name -> pooled figures of the analysis replays, or of a phase's pairs."""
     groups: dict[str, list[tuple[float, bool]]] = {}
     for rec in records:
         name = f"{rec['hook']} {rec['workload']}" + (
+            f" b{rec['batch']}" if rec.get("batch") else "") + (
             "" if rec.get("child_thread_limits", True) else " (child BLAS threads)")
-        groups.setdefault(name, []).extend(replay_pairs(rec))
+        pairs = replay_pairs(rec) if phase == "replays" else phase_pairs(rec, phase)
+        groups.setdefault(name, []).extend(pairs)
     return {name: {"all": summary([r for r, _ in pairs]),
                    "same_state": summary([r for r, steady in pairs if steady])}
             for name, pairs in sorted(groups.items()) if pairs}
@@ -50,15 +71,19 @@ def pooled(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="+")
+    ap.add_argument("--phase", choices=("replays", "before", "after"), default="replays",
+                    help="pool the analysis replays (default), the always-on pairs "
+                         "(before) or the pairs after the window")
+    args = ap.parse_args()
     records = []
-    for path in ap.parse_args().records:
+    for path in args.records:
         try:
             with open(path) as f:
                 records.append(json.load(f))
         except (OSError, ValueError) as e:
             print(f"pool_replays: cannot read {path}: {e}", file=sys.stderr)
             return 2
-    print(json.dumps(pooled(records), indent=1))
+    print(json.dumps(pooled(records, args.phase), indent=1))
     return 0
 
 

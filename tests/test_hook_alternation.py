@@ -76,7 +76,8 @@ def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
     before = row["blocks"]["before"]
     assert len(before) == 2 * row["pairs"] and len(row["blocks"]["after"]) == 2 * row["pairs"]
     assert [b[0] for b in before[:4]] == [0, 1, 1, 0]
-    assert all(len(b) == 6 and b[4] > 0 for b in before)  # + the training threads' CPU
+    assert all(len(b) == 7 and b[4] > 0 for b in before)  # + the training threads' CPU
+    assert all(a[6] == b[6] > 0 for a, b in zip(before[0::2], before[1::2], strict=True))
     assert row["before_hooked_over_bare_cpu"]["n"] == row["before_hooked_over_bare"]["n"]
     assert "cupti_after" in row and row["replay_on_over_off_cpu"]["n"] == 1
     assert row["before_hooked_over_bare"]["n"] + row["after_hooked_over_bare"]["n"] > 0
@@ -85,6 +86,10 @@ def test_a_smoke_run_measures_every_phase_with_the_real_torch_hook(tmp_path):
     assert counts["before"]["iterations"] == 2 * row["pairs"] * row["k"]
     assert counts["before"]["per_iteration"]["training"]["cpu_us"] > 0
     assert "tb_gpuprof-scalars" in counts["after"]["per_iteration"]  # the hook's own thread
+    # the hook's own calls, timed on the training thread in the hooked iterations only
+    calls = counts["before"]["hook_calls_us"]
+    assert 0 < calls["median"] <= calls["max"] and counts["before"]["calls_share"] > 0
+    assert "hook_calls_us" not in counts["window"]
     # the export is timed on the hook, at the window's stop: its cost is the window's
     assert row["export_s"] > 0 and "window_extra_s" in row
     assert row["during_phase_over_before_phase"] > 0 and row["during_over_neighbours"] > 0
@@ -219,6 +224,18 @@ def test_pooled_replays_group_by_hook_and_child_threads_and_keep_steady_pairs(tm
     assert out["torch gpt2"]["same_state"]["median"] == pytest.approx(1.075)
     assert out["torch gpt2"]["all"]["median"] == pytest.approx(1.1)
     assert out["torch gpt2 (child BLAS threads)"]["all"]["median"] == pytest.approx(1.05)
+
+    # the always-on pairs pool the same way, from the ``blocks`` rows of a phase
+    rows = [[0, 40.0, 1.2, 0, 40.0, 0.0, 1.2], [1, 41.0, 1.2, 0, 41.0, 0.0, 1.2],
+            [1, 42.0, 1.2, 0, 42.0, 0.0, 2.4], [0, 40.0, 1.2, 0, 40.0, 0.0, 2.4],
+            [1, 44.0, 1.3, 0, 44.0, 0.0], [0, 40.0, 1.3, 0, 40.0, 0.0]]  # an older record
+    always_on = pooled([{"hook": "torch", "workload": "resnet50", "batch": 512,
+                         "blocks": {"before": rows}}], "before")
+    assert set(always_on) == {"torch resnet50 b512"}
+    assert always_on["torch resnet50 b512"]["all"]["n"] == 3
+    assert always_on["torch resnet50 b512"]["same_state"]["median"] == pytest.approx(1.0625)
+    assert pooled([{"hook": "torch", "workload": "gpt2", "blocks": {"before": rows}}],
+                  "after") == {}
 
     bad = tmp_path / "bad.json"
     bad.write_text("{")
