@@ -236,6 +236,9 @@ def test_pooled_replays_group_by_hook_and_child_threads_and_keep_steady_pairs(tm
     assert always_on["torch resnet50 b512"]["same_state"]["median"] == pytest.approx(1.0625)
     assert pooled([{"hook": "torch", "workload": "gpt2", "blocks": {"before": rows}}],
                   "after") == {}
+    parts_off = pooled([{"hook": "torch", "workload": "gpt2", "off": "memory,nvtx",
+                         "blocks": {"before": rows}}], "before")
+    assert set(parts_off) == {"torch gpt2 off=memory,nvtx"}  # not pooled with the whole hook
 
     bad = tmp_path / "bad.json"
     bad.write_text("{")
