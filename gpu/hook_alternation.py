@@ -34,6 +34,7 @@ of the after phase (gpu/launch_after_window.py's check).
     python3 gpu/hook_alternation.py --hook keras-torch --pairs 40 --replays 12 --child-away
     python3 gpu/hook_alternation.py --hook keras-torch --pairs 16 --child-blas-threads
     python3 gpu/hook_alternation.py --hook torch --replays 0 --windows 20 --window-control
+    python3 gpu/hook_alternation.py --hook lightning --pairs 60 --replays 0 --null  # A/A
     python3 gpu/hook_alternation.py --hook torch --smoke                            # CPU
 """
 
@@ -186,8 +187,12 @@ def thread_names() -> dict[int, str]:
 class Alternation:
     """The harness: which blocks are hooked, their times, the phases and their counts."""
 
-    def __init__(self, k: int, pairs: int, sync: Callable[[], None]) -> None:
+    def __init__(self, k: int, pairs: int, sync: Callable[[], None], null: bool = False
+                 ) -> None:
         self.k, self.pairs, self.sync = k, pairs, sync
+        # the null: "hooked" blocks make no call outside the window (an A/A comparison, with
+        # the hook's threads, window and analysis as in a real run)
+        self.null = null
         self.phase = "before"
         self.blocks: dict[str, list[dict[str, Any]]] = {"before": [], "during": [], "after": []}
         self.counts: dict[str, dict[str, Any]] = {}
@@ -205,6 +210,8 @@ class Alternation:
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Make one of the hook's per-iteration calls, timing it: its cost on the training
         thread counted directly, beside the pair ratios that time it among the host's noise."""
+        if self.null and self.phase != "window":
+            return
         t = time.perf_counter()
         fn(*args)
         self.iteration_calls_s += time.perf_counter() - t
@@ -523,6 +530,7 @@ class Driver:
             return False
         self.replay.prepare = self.starter()
         self.replaying = True
+        self.alt.null = False  # the replays time the analysis with the hook's calls, as ever
         return True
 
 
@@ -610,8 +618,9 @@ def running(hook: Any) -> bool:
 
 def window_start(args: argparse.Namespace) -> int:
     """The hook's own iteration count at the end of ``before`` is pairs * k (it sees only the
-    hooked blocks); its window begins a few iterations into the window phase."""
-    return args.pairs * args.k + 3
+    hooked blocks, none under ``--null``); its window begins a few iterations into the window
+    phase."""
+    return 3 if args.null else args.pairs * args.k + 3
 
 
 NEAR_BLOCKS = 20  # blocks each side of a repeated window
@@ -704,7 +713,7 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
                            with_flops=shapes, **off).start()
 
     prof = new_hook(window_start(args))
-    alt = Alternation(args.k, args.pairs, sync)
+    alt = Alternation(args.k, args.pairs, sync, args.null)
     drive = Driver(alt, new_replay(args, sync), lambda: torch_replay(prof))
     alt.begin_phase("before")
     go = True
@@ -733,7 +742,7 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     first = window_start(args)
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_light_"), iter_start=first,
                          iter_stop=first + WINDOW_LENGTH)
-    alt = Alternation(args.k, args.pairs, sync)
+    alt = Alternation(args.k, args.pairs, sync, args.null)
     drive = Driver(alt, new_replay(args, sync), lambda: torch_replay(cb.profiler))
 
     class Harness(L.Callback):
@@ -782,7 +791,8 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     first = window_start(args)
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_keras_"), iter_start=first,
                          iter_stop=first + WINDOW_LENGTH)
-    alt = Alternation(args.k, args.pairs, sync if backend == "torch" else lambda: None)
+    alt = Alternation(args.k, args.pairs, sync if backend == "torch" else lambda: None,
+                      args.null)
     drive = Driver(alt, new_replay(args, alt.sync), lambda: keras_replay(cb, backend))
     warm = 10
 
@@ -840,6 +850,9 @@ def main() -> int:
     ap.add_argument("--off", default="",
                     help="torch hook only: its options to turn off, comma-separated "
                          "(e.g. memory,nvtx,nvml,scalars): which of its parts costs")
+    ap.add_argument("--null", action="store_true",
+                    help="the A/A null: hooked blocks outside the window make no hook call, "
+                         "so their pair ratios are the host's spread with the hook present")
     ap.add_argument("--smoke", action="store_true", help="tiny models, few pairs (CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -864,6 +877,7 @@ def main() -> int:
     out["child_thread_limits"] = _hookcore.CHILD_THREAD_LIMITS
     out["workload"], out["wall_s"] = args.workload, round(time.perf_counter() - t0, 1)
     out["batch"] = args.batch or None
+    out["null"] = args.null
     text = json.dumps({k: v for k, v in out.items() if k != "blocks"}, indent=1)
     print(text)
     if args.out:

@@ -61,6 +61,7 @@ def pooled(records: list[dict[str, Any]], phase: str = "replays"
         name = f"{rec['hook']} {rec['workload']}" + (
             f" b{rec['batch']}" if rec.get("batch") else "") + (
             f" off={rec['off']}" if rec.get("off") else "") + (
+            " (null)" if rec.get("null") else "") + (
             "" if rec.get("child_thread_limits", True) else " (child BLAS threads)")
         pairs = replay_pairs(rec) if phase == "replays" else phase_pairs(rec, phase)
         groups.setdefault(name, []).extend(pairs)

@@ -245,3 +245,29 @@ def test_pooled_replays_group_by_hook_and_child_threads_and_keep_steady_pairs(tm
     proc = subprocess.run([sys.executable, os.path.join(HERE, "..", "gpu", "pool_replays.py"),
                            str(bad)], capture_output=True, text=True, cwd=HERE)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_the_null_makes_no_hook_call_outside_the_window_and_opens_the_window_early():
+    import argparse
+
+    from hook_alternation import Alternation, window_start
+
+    calls: list[str] = []
+    null, real = Alternation(1, 2, lambda: None, null=True), Alternation(1, 2, lambda: None)
+    for alt in (null, real):
+        alt.begin_phase("before")
+        for _ in range(4):
+            alt.iteration_start()
+            if alt.hooked():
+                alt.call(calls.append, "null" if alt.null else "real")
+            alt.iteration_end(False)
+        alt.end_phase()
+    assert calls == ["real", "real"]  # the null's two hooked blocks made none
+    assert null.counts["before"]["hook_calls_us"]["max"] == 0
+    null.begin_phase("window")
+    null.call(calls.append, "window")  # the window is hooked throughout, null or not
+    assert calls[-1] == "window"
+    args = argparse.Namespace(pairs=40, k=3, null=False)
+    assert window_start(args) == 123
+    args.null = True  # the hook saw no iteration before the window phase
+    assert window_start(args) == 3
