@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
@@ -58,6 +58,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "benchmarks"))
 from overhead_stats import SAME_STATE, STEADY_SPREAD, bootstrap_ci, cpu_probe_ms  # noqa: E402
 
 WINDOW_LENGTH = 3
+T = TypeVar("T")
 
 
 def schedstat(tid: int | str) -> tuple[int, int]:
@@ -301,17 +302,24 @@ class Alternation:
             self.block_no >= 2 * self.pairs
 
 
+def mixed_pairs(rows: list[T], on: Callable[[T], Any]) -> list[tuple[T, T, T]]:
+    """(first, on, off) of each adjacent pair of rows (0-1, 2-3, ...) that holds one row of
+    each arm; the harness's ABBA order makes every pair such a pair."""
+    out = []
+    for a, b in zip(rows[0::2], rows[1::2], strict=False):
+        if bool(on(a)) != bool(on(b)):
+            out.append((a, a, b) if on(a) else (a, b, a))
+    return out
+
+
 def pair_ratios(blocks: list[dict[str, Any]], key: str = "ms") -> list[float]:
     """hooked / bare of each adjacent pair whose two probes agree on the host state, by wall
     time (``ms``) or by the training threads' CPU time (``cpu_ms``)."""
     out = []
-    for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
-        if a["hooked"] == b["hooked"]:
-            continue
+    for a, h, n in mixed_pairs(blocks, lambda b: b["hooked"]):
         p = (a["probe"], a.get("probe_after", a["probe"]))
         if max(p) > STEADY_SPREAD * min(p):
             continue
-        h, n = (a, b) if a["hooked"] else (b, a)
         if key in h and n.get(key):
             out.append(h[key] / n[key])
     return out
@@ -448,12 +456,8 @@ class Replay:
 
     def ratios(self, key: str = "ms") -> list[float]:
         """on / off of each pair, by wall time or by the training threads' CPU time."""
-        out = []
-        for a, b in zip(self.blocks[0::2], self.blocks[1::2], strict=False):
-            on, off = (a, b) if a["on"] else (b, a)
-            if off.get(key):
-                out.append(on[key] / off[key])
-        return out
+        return [on[key] / off[key] for _, on, off in mixed_pairs(self.blocks, lambda b: b["on"])
+                if off.get(key)]
 
 
 def unstored_copy(stored: str, name: str) -> tuple[str, str]:

@@ -20,21 +20,14 @@ import json
 import sys
 from typing import Any
 
-from hook_alternation import STEADY_SPREAD, summary
+from hook_alternation import STEADY_SPREAD, mixed_pairs, summary
 
 
 def replay_pairs(record: dict[str, Any]) -> list[tuple[float, bool]]:
     """(on / off, both probes in one host state) of each replay pair of one record; its
     ``replay_blocks`` rows are [on, iterations, ms per iteration, probe ms]."""
-    blocks = record.get("replay_blocks") or []
-    out = []
-    for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
-        if bool(a[0]) == bool(b[0]):
-            continue
-        on, off = (a, b) if a[0] else (b, a)
-        steady = max(on[3], off[3]) <= STEADY_SPREAD * min(on[3], off[3])
-        out.append((on[2] / off[2], steady))
-    return out
+    return [(on[2] / off[2], max(on[3], off[3]) <= STEADY_SPREAD * min(on[3], off[3]))
+            for _, on, off in mixed_pairs(record.get("replay_blocks") or [], lambda r: r[0])]
 
 
 def phase_pairs(record: dict[str, Any], phase: str) -> list[tuple[float, bool]]:
@@ -42,13 +35,10 @@ def phase_pairs(record: dict[str, Any], phase: str) -> list[tuple[float, bool]]:
     (``before``: always-on, ``after``: after the window); ``blocks`` rows are [hooked, ms,
     probe, analysis, cpu ms, wait ms, probe after the pair]. Records older than the last
     column hold one probe per pair, so every pair of theirs counts as steady."""
-    blocks = (record.get("blocks") or {}).get(phase) or []
     out = []
-    for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
-        if bool(a[0]) == bool(b[0]):
-            continue
-        hooked, bare = (a, b) if a[0] else (b, a)
-        probes = (a[2], a[6] if len(a) > 6 else a[2])
+    for first, hooked, bare in mixed_pairs((record.get("blocks") or {}).get(phase) or [],
+                                           lambda r: r[0]):
+        probes = (first[2], first[6] if len(first) > 6 else first[2])
         out.append((hooked[1] / bare[1], max(probes) <= STEADY_SPREAD * min(probes)))
     return out
 
@@ -58,11 +48,13 @@ def pooled(records: list[dict[str, Any]], phase: str = "replays"
     """Group name -> pooled figures of the analysis replays, or of a phase's pairs."""
     groups: dict[str, list[tuple[float, bool]]] = {}
     for rec in records:
-        name = f"{rec['hook']} {rec['workload']}" + (
-            f" b{rec['batch']}" if rec.get("batch") else "") + (
-            f" off={rec['off']}" if rec.get("off") else "") + (
-            " (null)" if rec.get("null") else "") + (
-            "" if rec.get("child_thread_limits", True) else " (child BLAS threads)")
+        name = " ".join([rec["hook"], rec["workload"]] + [
+            part for part, present in ((f"b{rec.get('batch')}", rec.get("batch")),
+                                       (f"off={rec.get('off')}", rec.get("off")),
+                                       ("(null)", rec.get("null")),
+                                       ("(child BLAS threads)",
+                                        not rec.get("child_thread_limits", True)))
+            if present])
         pairs = replay_pairs(rec) if phase == "replays" else phase_pairs(rec, phase)
         groups.setdefault(name, []).extend(pairs)
     return {name: {"all": summary([r for r, _ in pairs]),
