@@ -207,6 +207,7 @@ class Alternation:
         self.clock0 = (0, 0)
         self.iteration_calls_s = 0.0  # the hook's own calls in this iteration
         self.calls_us: list[float] = []  # ... per hooked iteration of this phase
+        self.calls_by_us: dict[str, list[float]] = {}  # each call's time, by its name
 
     def call(self, fn: Callable[..., Any], *args: Any) -> None:
         """Make one of the hook's per-iteration calls, timing it: its cost on the training
@@ -215,7 +216,9 @@ class Alternation:
             return
         t = time.perf_counter()
         fn(*args)
-        self.iteration_calls_s += time.perf_counter() - t
+        spent = time.perf_counter() - t
+        self.iteration_calls_s += spent
+        self.calls_by_us.setdefault(getattr(fn, "__name__", "call"), []).append(spent * 1e6)
 
     def hooked(self) -> bool:
         """Whether the hook's calls are made in this iteration (every iteration of the window
@@ -232,7 +235,7 @@ class Alternation:
             self.sync()
         self.clock.refresh()
         self.tasks0, self.phase_t0, self.phase_iterations = task_clocks(), time.perf_counter(), 0
-        self.calls_us = []
+        self.calls_us, self.calls_by_us = [], {}
 
     def end_phase(self, sync: bool = True) -> None:
         if sync:
@@ -260,7 +263,10 @@ class Alternation:
             self.counts[self.phase].update(
                 hook_calls_us={"median": round(statistics.median(self.calls_us), 1),
                                "mean": round(mean, 1), "max": round(max(self.calls_us), 1)},
-                calls_share=round(mean / 1e3 / iteration_ms, 5))
+                calls_share=round(mean / 1e3 / iteration_ms, 5),
+                hook_calls_by_us={name: {"median": round(statistics.median(xs), 1),
+                                         "mean": round(statistics.fmean(xs), 1)}
+                                  for name, xs in sorted(self.calls_by_us.items()) if xs})
 
     def iteration_start(self) -> None:
         self.iteration_calls_s = 0.0
@@ -702,6 +708,11 @@ def torch_workload(args: argparse.Namespace) -> Callable[[], None]:
     return step
 
 
+def off_options(args: argparse.Namespace) -> dict[str, bool]:
+    """``--off a,b``: the hook's options ``a=False, b=False``."""
+    return {name: False for name in args.off.split(",") if name}
+
+
 def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     from bench_hook_overhead import sync
 
@@ -711,10 +722,9 @@ def run_torch(args: argparse.Namespace) -> dict[str, Any]:
     shapes = not args.no_shapes
 
     def new_hook(first: int) -> GpuProfiler:
-        off: dict[str, Any] = {name: False for name in args.off.split(",") if name}
         return GpuProfiler(tempfile.mkdtemp(prefix="alt_torch_"), iter_start=first,
                            iter_stop=first + WINDOW_LENGTH, record_shapes=shapes,
-                           with_flops=shapes, **off).start()
+                           with_flops=shapes, **off_options(args)).start()
 
     prof = new_hook(window_start(args))
     alt = Alternation(args.k, args.pairs, sync, args.null)
@@ -745,7 +755,7 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
     step = torch_workload(args)
     first = window_start(args)
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_light_"), iter_start=first,
-                         iter_stop=first + WINDOW_LENGTH)
+                         iter_stop=first + WINDOW_LENGTH, **off_options(args))
     alt = Alternation(args.k, args.pairs, sync, args.null)
     drive = Driver(alt, new_replay(args, sync), lambda: torch_replay(cb.profiler))
 
@@ -773,7 +783,7 @@ def run_lightning(args: argparse.Namespace) -> dict[str, Any]:
 
     lightning_fit(None, step, Harness())
     last = cb.last_profiler
-    return results(drive, {"hook": "lightning",
+    return results(drive, {"hook": "lightning", "off": args.off,
                            "export_s": last.export_seconds if last else None,
                            "report": last is not None and last.report is not None})
 
@@ -794,7 +804,7 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
         from_logits=True))
     first = window_start(args)
     cb = GpuProfCallback(tempfile.mkdtemp(prefix="alt_keras_"), iter_start=first,
-                         iter_stop=first + WINDOW_LENGTH)
+                         iter_stop=first + WINDOW_LENGTH, **off_options(args))
     alt = Alternation(args.k, args.pairs, sync if backend == "torch" else lambda: None,
                       args.null)
     drive = Driver(alt, new_replay(args, alt.sync), lambda: keras_replay(cb, backend))
@@ -826,7 +836,8 @@ def run_keras(args: argparse.Namespace, backend: str) -> dict[str, Any]:
             cb.on_train_end(logs)
 
     model.fit(same_batch(keras, x, y), epochs=1, verbose=0, callbacks=[Harness()])
-    return results(drive, {"hook": f"keras-{backend}", "report": cb.report is not None})
+    return results(drive, {"hook": f"keras-{backend}", "off": args.off,
+                           "report": cb.report is not None})
 
 
 def main() -> int:
@@ -852,8 +863,9 @@ def main() -> int:
     ap.add_argument("--child-blas-threads", action="store_true",
                     help="let the analysis child's numpy start its BLAS threads (as before)")
     ap.add_argument("--off", default="",
-                    help="torch hook only: its options to turn off, comma-separated "
-                         "(e.g. memory,nvtx,nvml,scalars): which of its parts costs")
+                    help="the hook's options to turn off, comma-separated (torch and "
+                         "Lightning: memory,nvtx,nvml,scalars; Keras: memory,nvml,scalars): "
+                         "which of its parts costs")
     ap.add_argument("--null", action="store_true",
                     help="the A/A null: hooked blocks outside the window make no hook call, "
                          "so their pair ratios are the host's spread with the hook present")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -271,3 +272,33 @@ def test_the_null_makes_no_hook_call_outside_the_window_and_opens_the_window_ear
     assert window_start(args) == 123
     args.null = True  # the hook saw no iteration before the window phase
     assert window_start(args) == 3
+
+
+def test_the_hooks_calls_are_timed_by_name_and_off_names_the_options_to_turn_off():
+    import argparse
+
+    from hook_alternation import Alternation, off_options
+
+    def batch_ready() -> None:
+        time.sleep(0.002)
+
+    def step() -> None:
+        pass
+
+    alt = Alternation(1, 2, lambda: None)
+    alt.begin_phase("before")
+    for _ in range(4):
+        alt.iteration_start()
+        if alt.hooked():
+            alt.call(batch_ready)
+            alt.call(step)
+        alt.iteration_end(False)
+    alt.end_phase()
+    by = alt.counts["before"]["hook_calls_by_us"]
+    assert set(by) == {"batch_ready", "step"}
+    assert by["batch_ready"]["median"] >= 2000 > by["step"]["median"]
+    total = alt.counts["before"]["hook_calls_us"]["median"]
+    assert by["batch_ready"]["median"] <= total <= by["batch_ready"]["median"] + 1000
+    assert off_options(argparse.Namespace(off="memory,nvtx")) == {"memory": False,
+                                                                  "nvtx": False}
+    assert off_options(argparse.Namespace(off="")) == {}
