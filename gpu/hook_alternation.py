@@ -708,7 +708,7 @@ def torch_workload(args: argparse.Namespace) -> Callable[[], None]:
     return step
 
 
-def off_options(args: argparse.Namespace) -> dict[str, bool]:
+def off_options(args: argparse.Namespace) -> dict[str, Any]:
     """``--off a,b``: the hook's options ``a=False, b=False``."""
     return {name: False for name in args.off.split(",") if name}
 
