@@ -233,7 +233,7 @@ def fake_cuda(monkeypatch):
 
 def test_always_on_cuda_path_never_synchronizes_in_the_loop(tmp_path, fake_cuda):
     run = str(tmp_path / "gpu")
-    prof = GpuProfiler(run, nvml=False)
+    prof = GpuProfiler(run, nvml=False, memory_interval_s=0)  # the peaks at every iteration
     prof.start()
     data = batches(10)
     for i, _ in enumerate(prof.wrap(data)):
@@ -254,6 +254,26 @@ def test_always_on_cuda_path_never_synchronizes_in_the_loop(tmp_path, fake_cuda)
     pushes = [c for c in fake_cuda if c.startswith("push iteration")]
     assert pushes[:3] == ["push iteration 0", "push iteration 1", "push iteration 2"]
     assert sum(c.startswith("push") for c in fake_cuda) == fake_cuda.count("pop")
+
+
+def test_memory_peaks_are_read_at_most_every_interval_and_cover_the_iterations_since(
+        tmp_path, fake_cuda, monkeypatch):
+    clock = {"t": 1000.0}
+    run = str(tmp_path / "gpu")
+    prof = GpuProfiler(run, nvml=False)  # the default interval, 0.1 s
+    prof.start()
+    with monkeypatch.context() as m:  # a simulated clock for the loop only (close() waits)
+        m.setattr("tb_gpuprof.torch.time.perf_counter", lambda: clock["t"])
+        for _ in range(10):
+            clock["t"] += 0.03  # 30 ms iterations: a reading every 4th
+            prof.step()
+    prof.close()
+    peaks = read_scalars(run)["gpuprof/memory_allocated_peak_mb"]
+    assert sorted(peaks) == [0, 4, 8]  # the first iteration, then each 0.1 s on
+    assert fake_cuda.count("reset") == 3  # each reading resets the peaks it read
+    assert sorted(read_scalars(run)["gpuprof/iteration_time_ms"]) == list(range(10))
+    with pytest.raises(ValueError, match="memory_interval_s"):
+        GpuProfiler("x", memory_interval_s=-1)
 
 
 def test_options_are_checked():
