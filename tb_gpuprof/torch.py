@@ -7,10 +7,11 @@
             prof.step()
 
 Always on: wall time, GPU time (CUDA events read lazily, never synchronized) and data wait per
-iteration, memory peaks at most every ``memory_interval_s``, written as scalars off the training thread; NVTX ranges per
-iteration. In [iter_start, iter_stop): torch.profiler, then analysis off the training thread
-into a report stored in the run. Nothing here may break training: an internal error becomes
-one warning and switches off the feature that failed. User guide: docs/pytorch.md.
+iteration, memory peaks at most every ``memory_interval_s``, written as scalars off the
+training thread; NVTX ranges per iteration. In [iter_start, iter_stop): torch.profiler, then
+analysis off the training thread into a report stored in the run. Nothing here may break
+training: an internal error becomes one warning and switches off the feature that failed.
+User guide: docs/pytorch.md.
 
 This module is named like the framework; ``torch`` itself is imported lazily via importlib
 (absolute imports resolve to the real package).
@@ -118,7 +119,8 @@ class GpuProfiler(HookCore):
                  record_memory: bool = True, key: str | None = None, model: Any = None,
                  model_hooks: bool = True, nvtx: bool = True,
                  cuda_profiler_api: bool = True, memory: bool = True,
-                 memory_interval_s: float = 0.1, scalars: bool = True, flush_secs: float = 1.0, peak_tflops: float | None = None,
+                 memory_interval_s: float = 0.1, scalars: bool = True, flush_secs: float = 1.0,
+                 peak_tflops: float | None = None,
                  extra_flags: dict[str, Any] | None = None) -> None:
         # run_dir: ``logdir``, or ``logdir/rank<r>`` for rank r > 0 (set at start(), once
         # torch.distributed is up). iteration: index of the iteration in progress.
