@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import math
 import os
 import shutil
 import statistics
@@ -71,7 +72,7 @@ class HookCore:
     def _init_core(self, logdir: str | os.PathLike[str], iter_start: int | None,
                    iter_stop: int | None, *, key: str | None, nvml_interval_s: float | None,
                    with_stack: bool, record_shapes: bool, with_flops: bool,
-                   flush_secs: float) -> None:
+                   flush_secs: float, memory_interval_s: float = 0.1) -> None:
         if iter_start is not None and iter_start < 0:
             raise ValueError(f"iter_start must be >= 0, got {iter_start}")
         if iter_start is not None and iter_stop is None:
@@ -79,6 +80,10 @@ class HookCore:
         if iter_start is not None and iter_stop is not None and iter_stop <= iter_start:
             raise ValueError(f"iter_stop ({iter_stop}) must be greater than iter_start "
                              f"({iter_start})")
+        if not (isinstance(memory_interval_s, (int, float)) and memory_interval_s >= 0):
+            raise ValueError(f"memory_interval_s must be a number >= 0, got {memory_interval_s!r}")
+        self.memory_interval_s = float(memory_interval_s)
+        self._memory_read_t = -math.inf  # perf_counter of the last reading of the memory peaks
         self.logdir = os.fspath(logdir)
         self.run_dir = self.logdir  # where this process writes (the PyTorch hook: per rank)
         self.iter_start = iter_start
@@ -114,6 +119,16 @@ class HookCore:
         self.analysis_niceness: int | None = None
         # seconds of the last analysis's steps: the telemetry wait, the child (its own steps)
         self.analysis_timing: dict[str, Any] | None = None
+
+    def _memory_due(self, t: float) -> bool:
+        """Whether to read the device's memory peaks at ``t`` (a reading costs tens of µs of
+        the training thread): at every iteration of a window, else at most every
+        ``memory_interval_s``. The peaks read cover the iterations since the last reading."""
+        if getattr(self, "_window", None) is None and \
+                t - self._memory_read_t < self.memory_interval_s:
+            return False
+        self._memory_read_t = t
+        return True
 
     # -- robustness ------------------------------------------------------------------------
 

@@ -71,8 +71,12 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             (``torch.profiler``'s ``profile_memory``; the report's ``memory`` section).
         key: name of a range marking one iteration in the window's trace (DLProf's
             ``--key_node``); default: the callback's own step markers.
-        memory: record device memory peaks per execution on a GPU (TF and torch reset the
-            peak each time; JAX has no reset, so its figure is the peak since start).
+        memory: record device memory peaks on a GPU, read at the end of an execution at most
+            every ``memory_interval_s`` (and at every execution of the window); TF and torch
+            reset the peak at each reading, so it covers the executions since; JAX has no
+            reset, so its figure is the peak since start.
+        memory_interval_s: the least time between two readings (default 0.1 s; 0: every
+            execution). A torch reading takes tens of µs of the training thread.
         scalars: write the always-on scalars (``gpuprof/iteration_time_ms`` ...).
         flush_secs: how often the background thread writes queued scalars.
     """
@@ -84,8 +88,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
                  iter_stop: int | None = None, *, nvml: bool | None = None,
                  nvml_interval_s: float | None = None, with_stack: bool = False,
                  record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
-                 memory: bool = True, scalars: bool = True, flush_secs: float = 1.0,
-                 record_memory: bool = True) -> None:
+                 memory: bool = True, memory_interval_s: float = 0.1, scalars: bool = True,
+                 flush_secs: float = 1.0, record_memory: bool = True) -> None:
         super().__init__()
         if not isinstance(record_memory, bool):
             raise TypeError(f"record_memory must be True or False, got {record_memory!r}")
@@ -93,7 +97,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         # iteration: global step of the next execution
         self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
                         with_stack=with_stack, record_shapes=record_shapes,
-                        with_flops=with_flops, flush_secs=flush_secs)
+                        with_flops=with_flops, flush_secs=flush_secs,
+                        memory_interval_s=memory_interval_s)
         self._want = {"nvml": nvml, "memory": memory, "scalars": scalars}
         self._dead = True  # until on_train_begin's setup succeeds, and after an internal bug
         self._set_up = False
@@ -276,7 +281,7 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             # batch end to batch end is the true period (the host cannot have run ahead).
             self._periods.append((rec.g0, ms, False))
             values = {layout.ITERATION_TIME_TAG: ms}
-            if self._mem_probe is not None and self._on.get("memory"):
+            if self._mem_probe is not None and self._on.get("memory") and self._memory_due(t):
                 try:
                     alloc, reserved = self._mem_probe()
                     values[layout.MEMORY_ALLOCATED_PEAK_TAG] = alloc

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import importlib
-import math
 import os
 import shutil
 import tempfile
@@ -126,16 +125,13 @@ class GpuProfiler(HookCore):
         # torch.distributed is up). iteration: index of the iteration in progress.
         self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
                         with_stack=with_stack, record_shapes=record_shapes,
-                        with_flops=with_flops, flush_secs=flush_secs)
+                        with_flops=with_flops, flush_secs=flush_secs,
+                        memory_interval_s=memory_interval_s)
         if peak_tflops is not None and not peak_tflops > 0:
             raise ValueError(f"peak_tflops must be positive, got {peak_tflops}")
         if not isinstance(record_memory, bool):
             raise TypeError(f"record_memory must be True or False, got {record_memory!r}")
         self.record_memory = record_memory
-        if not memory_interval_s >= 0:
-            raise ValueError(f"memory_interval_s must be >= 0, got {memory_interval_s}")
-        self.memory_interval_s = float(memory_interval_s)
-        self._memory_read_t = -math.inf  # perf_counter of the last reading of the peaks
         self.peak_tflops = peak_tflops
         self.extra_flags = dict(extra_flags or {})
         self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
@@ -330,9 +326,7 @@ class GpuProfiler(HookCore):
                 rec.ev_end = self._ev_last = ev
             except Exception as e:
                 self._fail("cuda_timing", e)
-        if on["memory"] and (self._window is not None
-                             or t - self._memory_read_t >= self.memory_interval_s):
-            self._memory_read_t = t
+        if on["memory"] and self._memory_due(t):
             try:
                 stats = torch.cuda.memory.memory_stats_as_nested_dict(self._device)
                 rec.mem = (stats["allocated_bytes"]["all"]["peak"] / 2**20,

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from contextlib import redirect_stdout
 
 import pytest
@@ -304,3 +305,48 @@ def test_bad_window_arguments_raise_at_once():
 
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2])
+
+
+def test_memory_peaks_are_read_at_most_every_interval(tmp_path):
+    """The callback reads the device's memory peaks at most every ``memory_interval_s``
+    (a torch reading costs tens of µs of the training thread); 0 reads every execution.
+    A counting probe stands in for the GPU's (CPU fits have none)."""
+    for name in ("keras", "torch"):
+        if importlib.util.find_spec(name) is None:
+            pytest.skip(f"{name} is not installed")
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        os.environ['KERAS_BACKEND'] = 'torch'
+        import keras, numpy as np
+        from tb_gpuprof.keras import GpuProfCallback
+
+        class Counted(GpuProfCallback):
+            def on_train_begin(self, logs=None):
+                super().on_train_begin(logs)
+                self.readings = 0
+                def probe():
+                    self.readings += 1
+                    return float(self.readings), None
+                self._mem_probe = probe
+                self._on['memory'] = True  # on a GPU only, as the probe
+
+        x = np.random.default_rng(0).random(({SAMPLES}, 4), dtype=np.float32)
+        y = np.zeros({SAMPLES})
+        out = {{}}
+        for interval in (0, 3600):
+            m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            m.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')
+            cb = Counted(os.path.join(sys.argv[1], f'i{{interval}}'), nvml=False,
+                         memory_interval_s=interval)
+            m.fit(x, y, batch_size={BATCH}, epochs=1, verbose=0, callbacks=[cb])
+            out[interval] = cb.readings
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    readings = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert readings == {"0": SAMPLES // BATCH, "3600": 1}
+    peaks = read_scalars(str(tmp_path / "i3600"))["gpuprof/memory_allocated_peak_mb"]
+    assert sorted(peaks) == [0]  # the first execution's reading only
+    assert len(read_scalars(str(tmp_path / "i0"))["gpuprof/memory_allocated_peak_mb"]) == 12

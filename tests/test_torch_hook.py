@@ -274,6 +274,11 @@ def test_memory_peaks_are_read_at_most_every_interval_and_cover_the_iterations_s
     assert sorted(read_scalars(run)["gpuprof/iteration_time_ms"]) == list(range(10))
     with pytest.raises(ValueError, match="memory_interval_s"):
         GpuProfiler("x", memory_interval_s=-1)
+    # in a window every iteration reads them (the window's own memory figures)
+    hook = GpuProfiler("x", memory_interval_s=3600)
+    assert hook._memory_due(1.0) and not hook._memory_due(2.0)
+    hook._window = object()
+    assert hook._memory_due(2.0) and hook._memory_due(2.001)
 
 
 def test_options_are_checked():
