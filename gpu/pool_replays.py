@@ -77,6 +77,10 @@ def main() -> int:
         except (OSError, ValueError) as e:
             print(f"pool_replays: cannot read {path}: {e}", file=sys.stderr)
             return 2
+        if not isinstance(records[-1], dict) or not {"hook", "workload"} <= records[-1].keys():
+            print(f"pool_replays: {path} is not a hook_alternation.py record (no hook or "
+                  "workload)", file=sys.stderr)
+            return 2
     print(json.dumps(pooled(records, args.phase), indent=1))
     return 0
 

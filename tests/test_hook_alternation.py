@@ -243,9 +243,14 @@ def test_pooled_replays_group_by_hook_and_child_threads_and_keep_steady_pairs(tm
 
     bad = tmp_path / "bad.json"
     bad.write_text("{")
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "..", "gpu", "pool_replays.py"),
-                           str(bad)], capture_output=True, text=True, cwd=HERE)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    other = tmp_path / "contention.json"  # another harness's record: no hook, no workload
+    other.write_text(json.dumps({"cpu": 0, "blocks": []}))
+    for path in (bad, other):
+        proc = subprocess.run([sys.executable, os.path.join(HERE, "..", "gpu",
+                                                            "pool_replays.py"), str(path)],
+                              capture_output=True, text=True, cwd=HERE)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert str(path) in proc.stderr
 
 
 def test_the_null_makes_no_hook_call_outside_the_window_and_opens_the_window_early():
