@@ -123,8 +123,9 @@ class HookCore:
     def _memory_due(self, t: float) -> bool:
         """Whether to read the device's memory peaks at ``t`` (a reading costs tens of µs of
         the training thread): at every iteration of a window, else at most every
-        ``memory_interval_s``. The peaks read cover the iterations since the last reading."""
-        if getattr(self, "_window", None) is None and \
+        ``memory_interval_s`` (0: always, also for Keras' batch ends dispatched out of order on
+        its worker threads). The peaks read cover the iterations since the last reading."""
+        if self.memory_interval_s > 0 and getattr(self, "_window", None) is None and \
                 t - self._memory_read_t < self.memory_interval_s:
             return False
         self._memory_read_t = t

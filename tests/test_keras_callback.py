@@ -330,6 +330,10 @@ def test_memory_peaks_are_read_at_most_every_interval(tmp_path):
                 self._mem_probe = probe
                 self._on['memory'] = True  # on a GPU only, as the probe
 
+        class InOrder(keras.callbacks.Callback):  # not async-safe: Keras calls batch ends
+            def on_train_batch_end(self, batch, logs=None):  # in order, on its own thread
+                pass
+
         x = np.random.default_rng(0).random(({SAMPLES}, 4), dtype=np.float32)
         y = np.zeros({SAMPLES})
         out = {{}}
@@ -338,7 +342,7 @@ def test_memory_peaks_are_read_at_most_every_interval(tmp_path):
             m.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')
             cb = Counted(os.path.join(sys.argv[1], f'i{{interval}}'), nvml=False,
                          memory_interval_s=interval)
-            m.fit(x, y, batch_size={BATCH}, epochs=1, verbose=0, callbacks=[cb])
+            m.fit(x, y, batch_size={BATCH}, epochs=1, verbose=0, callbacks=[cb, InOrder()])
             out[interval] = cb.readings
         print(json.dumps(out))
     """)
