@@ -69,10 +69,28 @@ class Phases:
         self._wall, self._cpu = wall, cpu
 
 
+def job_context(job: dict[str, Any]) -> Any:
+    """What the analysis knows beside the trace, from the job (stored with the raw trace)."""
+    from .analysis.context import AnalysisContext
+
+    return AnalysisContext(key=job.get("key"), env=job.get("env"),
+                           telemetry=job.get("telemetry"), peak_tflops=job.get("peak_tflops"),
+                           topology=job.get("topology"))
+
+
+def _store_context(job: dict[str, Any], context: Any) -> None:
+    store = job.get("store")
+    if store:
+        from .store.writer import save_context
+
+        save_context(store["run_dir"], int(store["step"]), context.to_dict(),
+                     rank=store.get("rank"))
+
+
 def run_job(job: dict[str, Any], phases: Phases | None = None) -> dict[str, Any]:
     """Store, then analyze (the raw profile is worth keeping even if the analysis fails)."""
     phases = phases or Phases()
-    from .analysis.report import build_report
+    from .analysis.context import build_report_in_context
     from .readers import load_profile
 
     phases.done("imports")
@@ -80,7 +98,9 @@ def run_job(job: dict[str, Any], phases: Phases | None = None) -> dict[str, Any]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
+            context = job_context(job)
             out["trace_path"] = _store_raw(job)
+            _store_context(job, context)
             phases.done("store")
             # the raw file where it still is (the run got a gzipped copy: reading that back
             # would only decompress it again), else the one moved into the run
@@ -90,10 +110,11 @@ def run_job(job: dict[str, Any], phases: Phases | None = None) -> dict[str, Any]
             phases.done("read")
             if job.get("gpu_expected") and not profile.gpu:
                 out["warnings"].append(job["no_gpu_warning"])
-            out["report"] = build_report(profile, key=job.get("key"), env=job.get("env"),
-                                         telemetry=job.get("telemetry"),
-                                         peak_tflops=job.get("peak_tflops"),
-                                         topology=job.get("topology"))
+            report = build_report_in_context(profile, context)
+            if out["trace_path"]:  # the stored copy, as a path inside the run
+                report["source"]["path"] = os.path.relpath(out["trace_path"],
+                                                           job["store"]["run_dir"])
+            out["report"] = report
             phases.done("report")
         except Exception as e:
             out["error"] = f"{type(e).__name__}: {e}"

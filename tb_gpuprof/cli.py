@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="name of the annotation/NVTX range that marks one iteration "
                           "(DLProf's --key_node)")
     rep.add_argument("--run", default=None, help="with a log directory: which run to report")
+    rep.add_argument("--reanalyze", action="store_true",
+                     help="with a run: rebuild its report from the stored raw trace and the "
+                          "context the hook stored beside it, with the installed analysis "
+                          "(a report made by an older analysis is rebuilt anyway)")
     rep.add_argument("--dask", metavar="ADDRESS", default=None,
                      help="with a directory of rank traces: analyse them on this Dask "
                           "scheduler (tcp://host:8786) instead of local processes")
@@ -126,19 +130,22 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if os.path.isdir(args.path):
         from .parallel import find_rank_traces
-        from .store.reader import find_runs, load_run_report
+        from .pipeline import run_report
+        from .store.reader import find_runs
 
         traces = find_rank_traces(args.path) if not find_runs(args.path) else []
         if traces:  # a directory of rank traces, not a TensorBoard log directory
             return _report_ranks(traces, args)
-        report = load_run_report(args.path, run=args.run)
+        report = run_report(args.path, run=args.run, reanalyze=args.reanalyze)
     else:
-        from .analysis.report import build_report
-        from .readers import load_profile
+        if args.reanalyze:
+            raise GpuProfError("--reanalyze takes a run or log directory; a trace file is "
+                               "always analysed afresh")
+        from .analysis.context import AnalysisContext
+        from .pipeline import analyse_trace
 
-        profile = load_profile(args.path, python_calls=False)  # a report reads none
-        report = build_report(profile, iter_start=args.iter_start, iter_stop=args.iter_stop,
-                              key=args.key)
+        report = analyse_trace(args.path, AnalysisContext(
+            key=args.key, iter_start=args.iter_start, iter_stop=args.iter_stop))
     sys.stdout.write(render(report, fmt=args.format, top=args.top))
     return 0
 
@@ -154,15 +161,15 @@ def _non_negative_float(text: str) -> float:
 
 
 def _load_any_report(path: str) -> dict:
-    """A stored run's report (run or log directory) or a trace file's, as `report` loads it."""
+    """A stored run's current report (run or log directory) or a trace file's, as `report`
+    gives it."""
     if os.path.isdir(path):
-        from .store.reader import load_run_report
+        from .pipeline import run_report
 
-        return load_run_report(path)
-    from .analysis.report import build_report
-    from .readers import load_profile
+        return run_report(path)
+    from .pipeline import analyse_trace
 
-    return build_report(load_profile(path, python_calls=False))
+    return analyse_trace(path)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -99,14 +99,14 @@ def _baseline_kib() -> int | None:
 def analyze_trace(path: str, iter_start: int | None = None, iter_stop: int | None = None,
                   key: str | None = None) -> RankResult:
     """Read one rank's trace and build its report; measures its own time and peak memory."""
-    from .analysis.report import build_report
-    from .readers import load_profile
+    from .analysis.context import AnalysisContext
+    from .pipeline import analyse_trace
 
     before = _baseline_kib()
     measured = _reset_peak_rss()
     t0 = time.perf_counter()
-    profile = load_profile(path, python_calls=False)  # a report reads no Python rows
-    report = build_report(profile, iter_start=iter_start, iter_stop=iter_stop, key=key)
+    report = analyse_trace(path, AnalysisContext(key=key, iter_start=iter_start,
+                                                 iter_stop=iter_stop))
     seconds = time.perf_counter() - t0
     peak = _status_kib("VmHWM:")
     growth = (peak - before) * 1024 if measured and peak is not None and before else None

@@ -49,9 +49,12 @@ def test_import_writes_scalars_report_and_raw_trace(imported_logdir, kineto_trac
         assert scalars[step] == pytest.approx(it["wall_ms"], rel=1e-6)
 
     copies = list((run_dir / "plugins" / "gpuprof" / "traces").rglob("*"))
-    files = [p for p in copies if p.is_file()]
-    assert [p.parent.name for p in files] == [f"step_{last_step}"]
-    assert files[0].read_bytes() == kineto_trace.read_bytes()
+    files = sorted(p for p in copies if p.is_file())
+    # the raw trace, and beside it the context its analysis had (here: no key, no hook)
+    assert [(p.parent.name, p.name) for p in files] == [
+        (f"step_{last_step}", "context.json"), (f"step_{last_step}", kineto_trace.name)]
+    assert files[1].read_bytes() == kineto_trace.read_bytes()
+    assert json.loads(files[0].read_text()) == {}
 
 
 def test_default_run_name_comes_from_the_trace(tmp_path, xplane_trace):
@@ -103,9 +106,9 @@ def test_import_under_a_launchers_rank_is_an_ordinary_run(tmp_path, kineto_trace
     tags = {v.tag for e in iter_events(files[0]) for v in e.summary.value}
     reports = [t for t in tags if schema.parse_report_tag(t)]
     assert reports == [schema.report_tag(schema.parse_report_tag(reports[0])[0])], reports
-    traces = [p.parent.name for p in (run_dir / "plugins" / "gpuprof" / "traces").rglob("*")
-              if p.is_file()]
-    assert len(traces) == 1 and ".rank" not in traces[0], traces
+    traces = {p.parent.name for p in (run_dir / "plugins" / "gpuprof" / "traces").rglob("*")
+              if p.is_file()}
+    assert len(traces) == 1 and ".rank" not in next(iter(traces)), traces
     # and the plugin/CLI read it as the run's own report
     report = json.loads(run_cli("report", str(run_dir), "--format", "json").stdout)
     assert report["iterations"]["count"] >= 1

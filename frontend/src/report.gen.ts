@@ -233,8 +233,17 @@ export interface Recommendation {
   title: string;
 }
 
+/** Set on a report rebuilt from a run's stored trace because the stored report was made by another analysis (tb_gpuprof/pipeline.py): what was stored, and how it was rebuilt. */
+export interface Refreshed {
+  context: "recovered" | "stored";
+  from_analysis_id: string | null;
+  from_generator: string;
+  reason: string;
+}
+
 /** The whole report (docs/report-schema.md). */
 export interface Report {
+  analysis_id?: string;
   bottleneck?: Bottleneck;
   breakdown: Breakdown;
   category_us: Record<string, number>;
@@ -248,6 +257,7 @@ export interface Report {
   phases: Phases | null;
   precision_us: Record<string, number>;
   recommendations: Recommendation[];
+  refreshed?: Refreshed | null;
   roofline?: Roofline;
   schema_version: number;
   source: Source;

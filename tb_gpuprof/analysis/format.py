@@ -66,6 +66,8 @@ def _text(report: dict[str, Any], top: int) -> str:
     lines: list[str] = []
     add = lines.append
     add("tb-gpuprof report")
+    if report.get("refreshed"):
+        add(f"  refreshed:         {report['refreshed']['reason']}")
     bn = report.get("bottleneck")
     if bn:
         add(f"  verdict:           {bn['verdict']}")

@@ -13,6 +13,7 @@ from ..model import Profile
 from .bottleneck import host_timeline
 from .columns import column_scope, forget
 from .distributed import communication_section
+from .identity import analysis_id
 from .memory import memory_section
 from .roofline import roofline_section
 from .rules import recommend
@@ -102,6 +103,8 @@ def _assemble(profile: Profile, sel: IterationSelection, tally: Tally,
     return {
         "schema_version": REPORT_SCHEMA_VERSION,
         "generator": f"tb_gpuprof {__version__}",
+        "analysis_id": analysis_id(),
+        "refreshed": None,
         "source": {"path": profile.source, "format": profile.format,
                    "events": len(profile.gpu) + len(profile.cpu_ops) + len(profile.runtime)},
         "system": system,

@@ -405,10 +405,22 @@ class Memory(_Section, kw_only=True):
     scalar_tags: dict[str, str]  # the hook's per-iteration peak scalars
 
 
+class Refreshed(_Section, kw_only=True):
+    """Set on a report rebuilt from a run's stored trace because the stored report was made by
+    another analysis (tb_gpuprof/pipeline.py): what was stored, and how it was rebuilt."""
+    from_generator: str  # the stored report's ``generator``
+    from_analysis_id: str | None  # the stored report's ``analysis_id`` (None: before it existed)
+    context: Literal["stored", "recovered"]  # the window's stored context, or one recovered
+    # from the stored report (runs recorded before contexts were stored)
+    reason: str  # one sentence for the user
+
+
 class Report(_Section, kw_only=True):
     """The whole report (docs/report-schema.md)."""
     schema_version: int
     generator: str
+    analysis_id: str | Later = UNSET  # analysis/identity.py: the code that made this report
+    refreshed: Refreshed | None = None
     source: Source
     system: System
     iterations: Iterations

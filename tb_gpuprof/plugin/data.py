@@ -23,6 +23,7 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 
 from ..errors import GpuProfError
+from ..pipeline import current_report
 from ..store import layout, schema
 from .views import KernelIndex
 
@@ -133,10 +134,13 @@ class PluginData:
             series = blobs.get(run, {})
             refs = self.report_refs(run, series)
             tags = scalars.get(run, [])
-            error = None
+            error, gpu_work = None, None
             if refs:
                 latest = max(refs, key=lambda r: (r.step, -r.rank))
                 error = self.report_error(ctx, eid, latest)
+                if error is None:
+                    stored = self.load_report(ctx, eid, latest, current=False).report
+                    gpu_work = (stored.get("gpu_time_us") or 0) > 0
             out.append({
                 "run": run,
                 "reports": [{"step": r.step, "wall_time": r.wall_time, "rank": r.rank}
@@ -146,6 +150,10 @@ class PluginData:
                 "has_telemetry": (any(layout.is_telemetry_scalar(t) for t in tags)
                                   or layout.TOPOLOGY_TAG in series),
                 "error": error,
+                # whether the latest report saw GPU work (None: no readable report); the
+                # dashboard opens on the most recent run that has some
+                "gpu_work": gpu_work,
+                "wall_time": max((r.wall_time for r in refs), default=None),
             })
         return out
 
@@ -206,28 +214,37 @@ class PluginData:
             raise HttpError(404, f"run {base!r} has no report at step {step} (steps: {steps})")
         return base, [by_rank[r] for r in sorted(by_rank)]
 
-    def load_report(self, ctx: Any, eid: str, ref: ReportRef) -> CachedReport:
-        """Decoded report of ``ref``; HttpError 422 when it cannot be read."""
-        key = (eid, ref.run, ref.tag, ref.step, ref.wall_time)
+    def load_report(self, ctx: Any, eid: str, ref: ReportRef, *,
+                    current: bool = True) -> CachedReport:
+        """Report of ``ref``; HttpError 422 when it cannot be read. ``current``: as the
+        installed analysis makes it (pipeline.current_report: a report an older analysis
+        stored is rebuilt from the run's raw trace and cached beside the run), else as
+        stored (enough to list runs)."""
+        key = (eid, ref.run, ref.tag, ref.step, ref.wall_time, current)
         with self._lock:
             cached = self._reports.get(key)
             if cached is not None:
                 self._reports.move_to_end(key)
                 return cached
-            known_error = self._errors.get(key)
+            known_error = self._errors.get(key[:-1])
         if known_error is not None:
             raise HttpError(422, known_error)
         where = f"run {ref.run!r} step {ref.step}"
         try:
             schema.check_content(schema.parse_plugin_content(ref.content), where)
             blob = self._fetch_blob(ctx, eid, ref)
-            cached = CachedReport(schema.decode_report(blob, ref.content, where))
+            report = schema.decode_report(blob, ref.content, where)
+            run_dir = self._run_dir(ref.run) if current else None
+            if run_dir is not None:
+                report = current_report(run_dir, report, ref.step, ref.rank,
+                                        f"{ref.wall_time!r}:{len(blob)}")
+            cached = CachedReport(report)
         except GpuProfError as e:
             with self._lock:
-                self._errors[key] = str(e)
+                self._errors[key[:-1]] = str(e)
             raise HttpError(422, str(e)) from None
         with self._lock:
-            self._errors[key] = None
+            self._errors[key[:-1]] = None
             self._reports[key] = cached
             while len(self._reports) > REPORT_CACHE_SIZE:
                 self._reports.popitem(last=False)
@@ -239,7 +256,7 @@ class PluginData:
             if key in self._errors:
                 return self._errors[key]
         try:
-            self.load_report(ctx, eid, ref)
+            self.load_report(ctx, eid, ref, current=False)
         except HttpError as e:
             return e.message
         return None
@@ -320,8 +337,8 @@ class PluginData:
                 continue
             for entry in sorted(os.listdir(window_dir)):
                 path = os.path.join(window_dir, entry)
-                # Regular files only (no symlinks), never a copy in progress.
-                if (not entry.endswith(".tmp") and not os.path.islink(path)
+                # Regular files only (no symlinks), never a copy in progress nor the context.
+                if (layout.is_raw_trace_entry(entry) and not os.path.islink(path)
                         and os.path.isfile(path) and layout.safe_join(root, name, entry)):
                     return path
         raise HttpError(404, f"run {run!r} has no raw trace for step {step}")

@@ -53,9 +53,9 @@ def make_run_dir(logdir: str, run_dir: str) -> None:
         raise GpuProfError(f"cannot write into the log directory {logdir}: permission denied")
 
 
-def write_imported_run(run_dir: str, trace: str, report: dict[str, Any]) -> None:
+def write_imported_run(run_dir: str, trace: str, report: dict[str, Any]) -> int:
     """Write an imported trace's run: the per-iteration ``gpuprof/iteration_time_ms`` scalars,
-    its report (at the last analyzed step, or 0) and a copy of the raw trace."""
+    its report (at the last analyzed step, or 0) and a copy of the raw trace; the step."""
     items = (report.get("iterations") or {}).get("items") or []
     steps = [it["step"] if isinstance(it.get("step"), int) else i for i, it in enumerate(items)]
     last = (report.get("iterations") or {}).get("range") or [None, None]
@@ -71,3 +71,4 @@ def write_imported_run(run_dir: str, trace: str, report: dict[str, Any]) -> None
                 writer.add_scalar(ITERATION_TIME_TAG, item["wall_ms"], s)
         writer.add_report(report, step=step)
         save_raw_trace(run_dir, trace, step)
+    return step

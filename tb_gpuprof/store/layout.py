@@ -35,6 +35,11 @@ DASHBOARD_TAGS = {"iteration_time": ITERATION_TIME_TAG, "host_step_time": HOST_S
                   "model_tflops": MODEL_TFLOPS_TAG, "mfu": MFU_TAG, "topology": TOPOLOGY_TAG}
 
 TRACES_SUBDIR = ("plugins", PLUGIN_NAME, "traces")  # <run>/plugins/gpuprof/traces/
+# Re-analysed reports, kept beside the run: <run>/plugins/gpuprof/reports/ (docs/storage.md)
+REFRESHED_SUBDIR = ("plugins", PLUGIN_NAME, "reports")
+# What the analysis knew beside the raw trace (flags, model facts, un-profiled times, ...),
+# in the window's trace directory next to the trace.
+CONTEXT_FILE_NAME = "context.json"
 EVENTS_FILE_MARK = "tfevents"  # what makes TensorBoard read a file as an events file
 
 _REPORT_TAG_RE = re.compile(r"^gpuprof/report/(\d+)(?:/rank(\d+))?$")
@@ -107,6 +112,19 @@ def trace_dir(run_dir: str | os.PathLike[str], step: int, rank: int | None = Non
 def stored_trace_name(basename: str) -> str:
     """A raw trace's name in its directory: no "tfevents" (TensorBoard would read it)."""
     return basename.replace(EVENTS_FILE_MARK, "tf_events")
+
+
+def is_raw_trace_entry(name: str) -> bool:
+    """Whether an entry of a window's trace directory is its raw trace (not the context file,
+    not a copy in progress)."""
+    return name != CONTEXT_FILE_NAME and not name.endswith(".tmp")
+
+
+def refreshed_report_path(run_dir: str | os.PathLike[str], step: int,
+                          rank: int | None = None) -> str:
+    """Where the re-analysed report of one window is cached."""
+    return os.path.join(os.fspath(run_dir), *REFRESHED_SUBDIR,
+                        f"{trace_dir_name(step, rank)}.json.gz")
 
 
 def rank_run_name(rank: int, parent: str = ".") -> str:

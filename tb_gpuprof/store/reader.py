@@ -7,6 +7,8 @@ corrupt tail of an events file ends that file's data instead of failing the whol
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2
 
-from ..errors import RunNotFoundError
+from ..errors import GpuProfError, RunNotFoundError
 from . import layout, schema
 from .layout import is_events_file
 from .records import HEADER as _HEADER
@@ -109,7 +111,25 @@ def _pick(reports: list[StoredReport], step: int | None, where: str) -> StoredRe
     return min(at_step, key=lambda r: (r.rank, -r.wall_time))
 
 
-def load_run_report(path: str, run: str | None = None, step: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class LocatedReport:
+    """A stored report found in a run: the run's directory, a name for messages, the record."""
+    run_dir: str
+    where: str
+    stored: StoredReport
+
+    def decode(self) -> dict[str, Any]:
+        return schema.decode_report(self.stored.blob, self.stored.content,
+                                    f"{self.where} step {self.stored.step}")
+
+    @property
+    def identity(self) -> str:
+        """What tells this stored report from another write of the same window."""
+        return f"{self.stored.wall_time!r}:{len(self.stored.blob)}"
+
+
+def locate_run_report(path: str, run: str | None = None,
+                      step: int | None = None) -> LocatedReport:
     """The stored report of a run directory, or of one run of a log directory.
 
     With a log directory, ``run`` picks the run; without it, the only run holding a report, or
@@ -144,5 +164,66 @@ def load_run_report(path: str, run: str | None = None, step: int | None = None) 
                                "pick one with --run")
     ((name, reports),) = with_reports.items()
     where = os.path.join(path, name) if name != "." else path
-    chosen = _pick(reports, step, where)
-    return schema.decode_report(chosen.blob, chosen.content, f"{where} step {chosen.step}")
+    return LocatedReport(runs[name], where, _pick(reports, step, where))
+
+
+def load_run_report(path: str, run: str | None = None, step: int | None = None) -> dict[str, Any]:
+    """The report as stored (:func:`locate_run_report`), decoded; pipeline.run_report gives
+    the current analysis's answer for the same run."""
+    return locate_run_report(path, run, step).decode()
+
+
+def window_files(run_dir: str, step: int, rank: int | None = None
+                 ) -> tuple[str | None, dict[str, Any] | None]:
+    """(the window's stored raw trace, its stored analysis context) where the run has them.
+
+    The rank's own directory first (``step_<s>.rank<r>``), then the plain one: a rank's
+    sub-run stores its window without the suffix when its report tag has none."""
+    for r in dict.fromkeys((rank or None, None)):
+        window_dir = layout.trace_dir(run_dir, step, r)
+        try:
+            names = sorted(os.listdir(window_dir))
+        except OSError:
+            continue
+        traces = [os.path.join(window_dir, n) for n in names if layout.is_raw_trace_entry(n)
+                  and os.path.isfile(os.path.join(window_dir, n))
+                  and not os.path.islink(os.path.join(window_dir, n))]
+        if traces:
+            return traces[0], _read_json(os.path.join(window_dir, layout.CONTEXT_FILE_NAME))
+    return None, None
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is missing or unreadable (an unreadable context or
+    cache is re-made, not an error)."""
+    try:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            value = json.loads(f.read())
+    except (OSError, ValueError, EOFError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def load_refreshed_report(run_dir: str, step: int, rank: int | None = None
+                          ) -> dict[str, Any] | None:
+    """The cached re-analysis of one window (store/writer.save_refreshed_report), or None."""
+    return _read_json(layout.refreshed_report_path(run_dir, step, rank))
+
+
+def latest_json_blob(run_dir: str, tag: str) -> Any:
+    """The last JSON object stored under ``tag`` in the run's events files (topology, run
+    summary), or None when there is none or it cannot be read."""
+    latest: tuple[float, bytes] | None = None
+    for path in event_files(run_dir):
+        for event in iter_events(path):
+            for value in event.summary.value:
+                if (value.tag == tag and len(value.tensor.string_val) == 1
+                        and (latest is None or event.wall_time >= latest[0])):
+                    latest = (event.wall_time, value.tensor.string_val[0])
+    if latest is None:
+        return None
+    try:
+        return schema.decode_json(latest[1], f"{run_dir} {tag}")
+    except GpuProfError:
+        return None

@@ -9,7 +9,9 @@ format (``records.frame``). ``event_file_writer`` is not used because it imports
 from __future__ import annotations
 
 import atexit
+import gzip
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -215,3 +217,40 @@ def save_raw_trace(run_dir: str | os.PathLike[str], trace_path: str | os.PathLik
         problem = f"cannot copy into {dest_dir}: {e.strerror or e}"
         raise TraceReadError(trace_path, problem) from None
     return dest
+
+
+def _write_atomically(dest: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = f"{dest}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_context(run_dir: str | os.PathLike[str], step: int, context: dict[str, Any], *,
+                 rank: int | None = None) -> str:
+    """Write what the window's analysis knew beside its raw trace (``context.json``), so the
+    run can be re-analysed later with all of it (tb_gpuprof/pipeline.py); its path."""
+    dest = os.path.join(traces_dir(run_dir, step, rank), layout.CONTEXT_FILE_NAME)
+    try:
+        _write_atomically(dest, json.dumps(context, default=str, sort_keys=True).encode())
+    except OSError as e:
+        raise TraceReadError(dest, f"cannot write the analysis context: {e.strerror or e}") \
+            from None
+    return dest
+
+
+def save_refreshed_report(run_dir: str | os.PathLike[str], step: int, rank: int | None,
+                          entry: dict[str, Any]) -> bool:
+    """Cache a re-analysed report beside the run; False when the run is not writable (the
+    caller keeps it in memory: a read-only log directory is no error)."""
+    dest = layout.refreshed_report_path(run_dir, _check_step(step), rank)
+    try:
+        _write_atomically(dest, gzip.compress(json.dumps(entry).encode(), 6, mtime=0))
+    except OSError:
+        return False
+    return True
