@@ -26,16 +26,17 @@ from .analysis.context import (
 from .analysis.identity import analysis_id
 from .errors import GpuProfError
 from .readers import load_profile
-from .store import layout
+from .store import layout, schema
 from .store.importer import default_run_name, make_run_dir, resolve_run_dir, write_imported_run
 from .store.reader import (
     event_files,
     latest_json_blob,
     load_refreshed_report,
     locate_run_report,
+    stored_reports,
     window_files,
 )
-from .store.writer import save_context, save_refreshed_report
+from .store.writer import replace_stored_report, save_context, save_refreshed_report
 
 
 def analyse_trace(path: str | os.PathLike[str],
@@ -136,6 +137,35 @@ def _reanalyse(run_dir: str, trace: str, stored: dict[str, Any],
     return report
 
 
+def rebuilt_report(run_dir: str, stored: dict[str, Any], step: int, rank: int | None
+                   ) -> dict[str, Any]:
+    """What the installed analysis makes of one stored window (its raw trace and stored
+    context), as the hook would store it today: no cache, no ``refreshed`` mark."""
+    trace, context = window_files(run_dir, step, rank)
+    if trace is None:
+        raise GpuProfError(f"{run_dir}: no raw trace of step {step} is stored in the run")
+    if context is None:
+        raise GpuProfError(f"{run_dir}: no analysis context of step {step} is stored in the run")
+    return _reanalyse(run_dir, trace, stored, context, stale=False)
+
+
+def rebuild_stored_reports(run_dir: str) -> list[int]:
+    """Rewrite every report stored in ``run_dir``'s own events files with the installed
+    analysis's (:func:`rebuilt_report`); a window without a stored context first gets the one
+    recovered from its report, stored beside its trace. The steps rewritten. For shipped runs
+    (tools/rebuild_samples.py), never for a user's run."""
+    steps = []
+    for stored in stored_reports(run_dir):
+        report = schema.decode_report(stored.blob, stored.content, f"{run_dir} {stored.step}")
+        if window_files(run_dir, stored.step, stored.rank)[1] is None:
+            recovered = recover_context(report, latest_json_blob(run_dir, layout.TOPOLOGY_TAG))
+            save_context(run_dir, stored.step, recovered.to_dict(), rank=stored.rank or None)
+        fresh = rebuilt_report(run_dir, report, stored.step, stored.rank)
+        replace_stored_report(stored.file, stored.step, fresh)
+        steps.append(stored.step)
+    return steps
+
+
 def run_report(path: str, run: str | None = None, step: int | None = None, *,
                reanalyze: bool = False) -> dict[str, Any]:
     """The current report of a stored run (``tb-gpuprof report RUN``, ``compare``)."""
@@ -144,4 +174,5 @@ def run_report(path: str, run: str | None = None, step: int | None = None, *,
                           located.stored.rank, located.identity, reanalyze=reanalyze)
 
 
-__all__ = ["analyse_trace", "current_report", "import_trace", "is_current", "run_report"]
+__all__ = ["analyse_trace", "current_report", "import_trace", "is_current",
+           "rebuild_stored_reports", "rebuilt_report", "run_report"]

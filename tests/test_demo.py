@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from tb_gpuprof.demo import SAMPLE_PREFIX, SAMPLES_DIR, TINY_ENV, sample_runs, tiny_config
-from tb_gpuprof.store.reader import event_files, load_run_report, stored_reports
+from tb_gpuprof.pipeline import is_current, rebuilt_report
+from tb_gpuprof.store.reader import event_files, load_run_report, locate_run_report, stored_reports
 from tests.conftest import REPO, get_json, run_cli, wait_until
 
 pytestmark = pytest.mark.slow
@@ -81,6 +82,19 @@ def test_package_ships_the_h200_ladder():
         assert report["system"]["gpu_name"] == "NVIDIA H200"
     total = sum(p.stat().st_size for p in SAMPLES_DIR.rglob("*") if p.is_file())
     assert total < 6 * 1024 * 1024  # what every `pip install` carries
+
+
+@pytest.mark.parametrize("run", sample_runs(), ids=lambda p: p.name)
+def test_shipped_reports_are_what_the_current_analysis_makes_of_them(run):
+    """A shipped sample can never go stale: its stored report is exactly what the installed
+    analysis makes of its raw trace and stored context (else: python tools/rebuild_samples.py),
+    so neither the demo nor the plugin ever has to refresh it."""
+    located = locate_run_report(str(run))
+    stored = located.decode()
+    rebuilt = rebuilt_report(located.run_dir, stored, located.stored.step, located.stored.rank)
+    assert is_current(stored), "run `python tools/rebuild_samples.py` and commit the samples"
+    assert json.loads(json.dumps(stored)) == json.loads(json.dumps(rebuilt)), \
+        "run `python tools/rebuild_samples.py` and commit the samples"
 
 
 def test_demo_writes_the_sample_runs(demo_logdir):

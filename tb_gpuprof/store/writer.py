@@ -254,3 +254,26 @@ def save_refreshed_report(run_dir: str | os.PathLike[str], step: int, rank: int 
     except OSError:
         return False
     return True
+
+
+def replace_stored_report(events_path: str, step: int, report: dict[str, Any]) -> None:
+    """Rewrite one events file with the report of window ``step`` replaced by ``report``
+    (every other record, and the report's wall time and tag, as they were). For maintainers'
+    rebuilds of shipped runs (tools/rebuild_samples.py); the hooks only ever append."""
+    from .reader import iter_records  # the reader's framing; no cycle at import time
+
+    blob, stored = schema.encode_report(report)
+    content = schema.plugin_content("report", stored["schema_version"])
+    out, replaced = [], 0
+    for data in iter_records(events_path):
+        event = event_pb2.Event.FromString(data)
+        for value in event.summary.value:
+            parsed = layout.parse_report_tag(value.tag)
+            if parsed is not None and parsed[0] == step:
+                value.tensor.string_val[0] = blob
+                value.metadata.plugin_data.content = content
+                replaced += 1
+        out.append(frame(event.SerializeToString()))
+    if replaced != 1:
+        raise ValueError(f"{events_path}: {replaced} reports at step {step}, expected one")
+    _write_atomically(events_path, b"".join(out))
