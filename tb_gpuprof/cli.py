@@ -141,11 +141,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if args.reanalyze:
             raise GpuProfError("--reanalyze takes a run or log directory; a trace file is "
                                "always analysed afresh")
-        from .analysis.context import AnalysisContext
-        from .pipeline import analyse_trace
+        from .pipeline import analyse_trace, trace_context
 
-        report = analyse_trace(args.path, AnalysisContext(
-            key=args.key, iter_start=args.iter_start, iter_stop=args.iter_stop))
+        # a window's trace inside a run: with the context the hook stored beside it
+        context = trace_context(args.path)
+        for name in ("key", "iter_start", "iter_stop"):
+            if getattr(args, name) is not None:
+                setattr(context, name, getattr(args, name))
+        report = analyse_trace(args.path, context)
     sys.stdout.write(render(report, fmt=args.format, top=args.top))
     return 0
 
@@ -167,9 +170,9 @@ def _load_any_report(path: str) -> dict:
         from .pipeline import run_report
 
         return run_report(path)
-    from .pipeline import analyse_trace
+    from .pipeline import analyse_trace, trace_context
 
-    return analyse_trace(path)
+    return analyse_trace(path, trace_context(path))
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from .store.reader import (
     latest_json_blob,
     load_refreshed_report,
     locate_run_report,
+    read_context_beside,
     stored_reports,
     window_files,
 )
@@ -44,6 +45,14 @@ def analyse_trace(path: str | os.PathLike[str],
     """The report of one trace file, with what ``context`` knows beside it."""
     profile = load_profile(os.fspath(path), python_calls=False)  # a report reads none
     return build_report_in_context(profile, context or AnalysisContext())
+
+
+def trace_context(path: str | os.PathLike[str]) -> AnalysisContext:
+    """The context stored beside a trace file (a window's trace inside a run), or an empty
+    one: ``report TRACE`` on a run's stored trace then knows what the hook knew."""
+    path = os.fspath(path)
+    stored = read_context_beside(path)
+    return context_from_dict(stored, path) if stored is not None else AnalysisContext()
 
 
 def import_trace(trace: str, logdir: str, run: str | None = None, key: str | None = None) -> str:
@@ -175,4 +184,4 @@ def run_report(path: str, run: str | None = None, step: int | None = None, *,
 
 
 __all__ = ["analyse_trace", "current_report", "import_trace", "is_current",
-           "rebuild_stored_reports", "rebuilt_report", "run_report"]
+           "rebuild_stored_reports", "rebuilt_report", "run_report", "trace_context"]

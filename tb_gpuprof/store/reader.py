@@ -193,6 +193,12 @@ def window_files(run_dir: str, step: int, rank: int | None = None
     return None, None
 
 
+def read_context_beside(trace_path: str) -> dict[str, Any] | None:
+    """The analysis context stored next to a window's raw trace, or None."""
+    return _read_json(os.path.join(os.path.dirname(os.path.abspath(trace_path)),
+                                   layout.CONTEXT_FILE_NAME))
+
+
 def _read_json(path: str) -> dict[str, Any] | None:
     """A JSON object file, or None when it is missing or unreadable (an unreadable context or
     cache is re-made, not an error)."""
