@@ -17,6 +17,7 @@ RSS figures (whole process) and the two ratios. Needs ``pip install torch-tb-pro
 
     python benchmarks/bench_parse.py                 # ~518 MB trace, as in issue 2
     python benchmarks/bench_parse.py --size-mb 50    # quicker
+    python benchmarks/bench_parse.py --size-mb 2000 --layout line --with-report --skip-baseline
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def main() -> int:
     parser.add_argument("--size-mb", type=float, default=518.0,
                         help="size of the generated trace (default 518, as in issue 2)")
     parser.add_argument("--fixture", default=os.path.normpath(FIXTURE))
+    parser.add_argument("--layout", choices=("kineto", "line"), default="kineto",
+                        help="Kineto's own layout or the whole trace on one line")
     parser.add_argument("--keep", metavar="PATH", help="write the trace here and keep it")
     parser.add_argument("--skip-baseline", action="store_true",
                         help="measure tb_gpuprof only (torch-tb-profiler not installed)")
@@ -175,7 +178,7 @@ def main() -> int:
         path = tmp.name
     try:
         t0 = time.perf_counter()
-        size, events = build_trace(args.fixture, path, args.size_mb)
+        size, events = build_trace(args.fixture, path, args.size_mb, args.layout)
         print(f"trace: {path}: {size / 1e6:.0f} MB, {events:,} events "
               f"(built in {time.perf_counter() - t0:.0f} s)")
         print(f"load average before: {os.getloadavg()[0]:.1f} (on {os.cpu_count()} CPUs)")

@@ -8,19 +8,18 @@ re-reads rung A's trace, takes the recommendation for the fix that leads to rung
 A's predicted iteration time next to B's measured one (each rung timed without any hook).
 
     python3 benchmarks/bench_savings.py                      # the recordings in tests/data
-    python3 benchmarks/bench_savings.py --record $OUT/lad    # on the GPU: record, then compare
-    python3 benchmarks/bench_savings.py --recorded DIR       # a recording made earlier
+    python3 benchmarks/bench_savings.py --recorded DIR       # a recording made anew
 
-Recording (``--record DIR``) runs gpu/ladders.py first: every rung of a ladder in one process,
-timed interleaved with its neighbours, plus a held-out ViT-B/16 ladder (``--recorded DIR``
-compares a recording made earlier).
+The recorder is no longer in the tree: ``git show 7f020dc:gpu/ladders.py > ladders.py`` and
+``python3 ladders.py --out DIR`` on a GPU record every rung of a ladder in one process, timed
+interleaved with its neighbours, plus a held-out ViT-B/16 ladder; ``--recorded DIR`` compares
+that recording.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from tb_gpuprof.readers import load_profile  # noqa: E402
 
 LOOPS = ROOT / "tests" / "data" / "h200_loops"
 LADDERS = ROOT / "tests" / "data" / "h200_ladders"
-# (ladder, rung A, fix, rung B); the recorded case of each rung name (diagnosis_cases.py)
+# (ladder, rung A, fix, rung B); the recorded case of each rung name (tests/data READMEs)
 STEPS = [
     ("ResNet-50", "resnet50_fp32", "tf32", "resnet50_tf32"),
     ("ResNet-50", "resnet50_tf32", "amp", "resnet50_amp"),
@@ -45,7 +44,7 @@ STEPS = [
     ("JAX LM", "jax_lm_tf32", "amp", "jax_lm_bf16"),
     ("MLP input copy", "pageable", "pinned_memory", "pinned"),
 ]
-# Held out: a model no rule or factor was developed on (recorded with --record only)
+# Held out: a model no rule or factor was developed on (in a new recording only)
 HELD_OUT = [
     ("ViT-B/16 (held out)", "vit_fp32", "tf32", "vit_tf32"),
     ("ViT-B/16 (held out)", "vit_tf32", "amp", "vit_bf16"),
@@ -54,7 +53,7 @@ TOLERANCE_PCT = 15.0
 
 
 def stored(case: str) -> tuple[Path, dict[str, Any]]:
-    """Trace and env of a rung from tests/data (the ladders recorded by gpu/ladders.py)."""
+    """Trace and env of a rung from tests/data (tests/data/h200_ladders/README.md)."""
     for d in (LADDERS, LOOPS):
         env = d / f"{case}.env.json"
         if env.exists():
@@ -64,7 +63,7 @@ def stored(case: str) -> tuple[Path, dict[str, Any]]:
 
 
 def recorded(root: Path, case: str) -> tuple[Path, dict[str, Any]]:
-    """Trace and env of a rung just recorded by gpu/ladders.py into ``root``."""
+    """Trace and env of a rung recorded into ``root`` (7f020dc:gpu/ladders.py)."""
     meta = json.loads((root / f"{case}.meta.json").read_text())
     traces = sorted(root.glob(f"{case}/plugins/gpuprof/traces/*/*")) or \
         sorted(root.glob(f"{case}_trace/plugins/profile/*/*.xplane.pb"))
@@ -109,15 +108,11 @@ def compare(get: Any, steps: list[tuple[str, str, str, str]]) -> list[dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--record", metavar="DIR", help="record every rung on this GPU first")
     ap.add_argument("--recorded", metavar="DIR", help="compare a recording made earlier")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args()
-    if args.record or args.recorded:
-        root = Path(args.record or args.recorded)
-        if args.record:
-            subprocess.run([sys.executable, str(ROOT / "gpu" / "ladders.py"), "--out",
-                            str(root)], check=False)
+    if args.recorded:
+        root = Path(args.recorded)
         rows = compare(lambda c: recorded(root, c), STEPS + HELD_OUT)
     else:
         rows = compare(stored, STEPS + HELD_OUT)

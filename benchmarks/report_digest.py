@@ -40,8 +40,26 @@ def _env_for(path: str) -> dict | None:
     return meta
 
 
+def _nsys_loop(path: str, iterations: int) -> None:
+    """A training-like Nsight export: NVTX iteration ranges, a copy, 12 GEMMs and a memset each
+    (the base export of the former bench_nsys.py: `git show 0f520c4:benchmarks/bench_nsys.py`)."""
+    from tests.nsys_builder import NsysExport
+
+    ex = NsysExport()
+    t = 1_000_000
+    for i in range(iterations):
+        ex.range(t, t + 900_000, f"iteration {i}")
+        ex.memcpy(t + 10_000, 20_000, 4 << 20, 1)
+        for k in range(12):
+            ex.launch(t + 40_000 + k * 60_000, 50_000,
+                      f"void gemm_kernel<{k % 4}>(float*, float const*, int)",
+                      grid=(132, 1 + k % 3, 1), block=(256, 1, 1), regs=96, dyn_smem=49152)
+        ex.memset(t + 800_000, 5_000, 1 << 20)
+        t += 1_000_000
+    ex.write(path)
+
+
 def _inputs(tmp: str) -> list[tuple[str, str, dict | None]]:
-    from bench_nsys import build_base
     from bench_parse import build_trace
     from scale_xplane import scale
 
@@ -72,7 +90,7 @@ def _inputs(tmp: str) -> list[tuple[str, str, dict | None]]:
     _training_export().write(p)
     out.append(("nsys_training", p, None))
     p = os.path.join(tmp, "loop.sqlite")
-    build_base(p, 200)
+    _nsys_loop(p, 200)
     out.append(("nsys_loop", p, None))
     return out
 

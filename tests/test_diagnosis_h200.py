@@ -1,5 +1,5 @@
 """The verdict and the first recommendation on real loops recorded on an H200 through our hooks
-(tests/data/h200_loops, gpu/diagnosis_cases.py): not the textbook ResNet only."""
+(tests/data/h200_loops and its README): not the textbook ResNet only."""
 
 from __future__ import annotations
 

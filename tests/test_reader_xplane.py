@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Copies of the shared H200 fixtures live in tests/data (tests/data/h200/README.md).
 FIXTURE = Path(os.environ.get("TB_GPUPROF_FIXTURES", REPO / "tests" / "data")) / (
     "jax_conv_h200.xplane.pb")
-# jax.profiler on the H200 with StepTraceAnnotation("train", step_num=5..8): gpu/jax_steps.py
+# jax.profiler on the H200, StepTraceAnnotation("train", step_num=5..8): tests/data/h200/README.md
 JAX_STEPS = REPO / "tests" / "data" / "jax_steps_h200.xplane.pb"
 needs_fixture = pytest.mark.skipif(not FIXTURE.exists(), reason=f"fixture {FIXTURE} not present")
 
@@ -584,7 +584,7 @@ def test_real_gpu_step_annotations_number_the_iterations():
 
     profile = read_xplane(JAX_STEPS)
     steps = sorted(a.step for a in profile.annotations if a.kind == STEP and not a.on_gpu)
-    assert steps == [5, 6, 7, 8]  # what gpu/jax_steps.py annotated
+    assert steps == [5, 6, 7, 8]  # what the recorder annotated (tests/data/h200/README.md)
     rep = build_report(profile)
     assert rep["iterations"]["method"] == "profiler_step"
     assert rep["iterations"]["range"] == [5, 8]
