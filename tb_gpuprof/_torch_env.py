@@ -208,7 +208,8 @@ class CuptiTeardownHold:
     Kineto thread that has the next CUDA API call's exit callback run ``cuptiFinalize``, and
     *then* reads the variable again (``cuptiLazyInit_``): set, it leaves CUPTI's callbacks off
     until the next trace; unset, it re-subscribes them at once. Re-subscribed callbacks made
-    every launch slower: on the H200 the launch probe of gpu/launch_after_window.py ran
+    every launch slower: on the H200 the launch probe of gpu/launch_after_window.py (commit
+    65bf7bf) ran
     1.019-1.033x its before-window cost with the variable restored right after the stop,
     0.970x with it set for the whole process and 0.951-0.971x with no window at all.
 

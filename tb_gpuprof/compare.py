@@ -47,7 +47,13 @@ def summarize(report: dict[str, Any], time_key: str) -> dict[str, Any]:
         "iteration_ms": it.get(time_key),
         "gpu_busy_pct": _pct(bd.get("gpu_busy_us") or 0.0, bd.get("wall_us") or 0.0),
         "tensor_core_pct": (report.get("tensor_cores") or {}).get("tc_pct"),
+        # MFU against the dense BF16 peak (analysis/throughput.py): comparable between runs of
+        # any precision. Reports stored before that measured it against their own precision's
+        # peak: peak_precision tells them apart (absent there).
         "mfu_pct": tp.get("mfu_pct"),
+        "mfu_peak_precision": tp.get("peak_precision"),
+        "precision": tp.get("precision"),
+        "precision_utilization_pct": tp.get("precision_utilization_pct"),
         "achieved_tflops": tp.get("achieved_tflops"),
         "flops_per_iteration": tp.get("flops_per_iteration"),
     }
@@ -116,6 +122,11 @@ def compare_reports(a: dict[str, Any], b: dict[str, Any], *, top: int = 5) -> di
     warnings = []
     if sa["gpu_name"] != sb["gpu_name"]:
         warnings.append(f"A ran on {sa['gpu_name']}, B on {sb['gpu_name']}")
+    if sa["mfu_pct"] is not None and sb["mfu_pct"] is not None and \
+            sa["mfu_peak_precision"] != sb["mfu_peak_precision"]:
+        warnings.append("A's and B's MFU are not against the same peak (a peak_tflops= "
+                        "override, or a report stored before MFU was against the BF16 peak): "
+                        "compare model TFLOP/s")
     fa, fb = sa["flops_per_iteration"], sb["flops_per_iteration"]
     if fa and fb and abs(fb - fa) / fa * 100 > WORK_CHANGE_WARN_PCT:
         warnings.append(f"B does {100 * (fb - fa) / fa:+.1f}% FLOPs per iteration compared with A "
@@ -149,6 +160,21 @@ def _delta(a: float | None, b: float | None, unit: str, digits: int) -> str:
     return "" if a is None or b is None else f"{b - a:+.{digits}f}{unit}"
 
 
+def _mfu_label(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """"MFU (vs BF16 peak)" when both runs' MFU is against the same peak, else "MFU"."""
+    ref = a.get("mfu_peak_precision")
+    return f"MFU (vs {ref.upper()} peak)" if ref and ref == b.get("mfu_peak_precision") else "MFU"
+
+
+def _precision_line(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Each run's utilisation of the peak of its own precision: not comparable across
+    precisions (a faster run in a faster precision reads lower), so no change column."""
+    def cell(s: dict[str, Any]) -> str:
+        u = s.get("precision_utilization_pct")
+        return "-" if u is None else f"{u:.1f}% {s.get('precision') or '?'}"
+    return f"{'of own precision peak':22}{cell(a):>12}{cell(b):>12}"
+
+
 def render_comparison(cmp: dict[str, Any], fmt: str = "text") -> str:
     if fmt == "json":
         return json.dumps(cmp, indent=1) + "\n"
@@ -162,12 +188,13 @@ def render_comparison(cmp: dict[str, Any], fmt: str = "text") -> str:
              f"{_num(cmp['iteration_change_pct'], '%'):>12}   ({time_label})"]
     for label, field, unit, digits in (("GPU busy", "gpu_busy_pct", "%", 1),
                                        ("Tensor Core share", "tensor_core_pct", "%", 1),
-                                       ("MFU", "mfu_pct", "%", 2),
+                                       (_mfu_label(a, b), "mfu_pct", "%", 2),
                                        ("model TFLOP/s", "achieved_tflops", "", 2)):
         delta_unit = " pt" if unit == "%" else ""
         lines.append(f"{label:22}{_num(a[field], unit, digits):>12}"
                      f"{_num(b[field], unit, digits):>12}"
                      f"{_delta(a[field], b[field], delta_unit, digits):>12}")
+    lines.append(_precision_line(a, b))
     if cmp["speedup"] is not None:
         s = cmp["speedup"]
         lines += ["", f"B is {s:.2f}x as fast as A." if s >= 1

@@ -73,6 +73,11 @@ def import_trace(trace: str, logdir: str, run: str | None = None, key: str | Non
     return run_dir
 
 
+# What this module adds to a rebuilt report (the ``refreshed`` mark, the source path): a
+# change to it re-makes the cached rebuilds, which the analysis id alone would not.
+REFRESH_FORMAT = 2
+
+
 def is_current(report: dict[str, Any]) -> bool:
     """Whether the installed analysis made ``report``."""
     return report.get("analysis_id") == analysis_id()
@@ -97,7 +102,7 @@ def current_report(run_dir: str, stored: dict[str, Any], step: int, rank: int | 
             raise GpuProfError(f"{run_dir}: no raw trace of step {step} is stored in the run, "
                                "so it cannot be re-analysed")
         return _with_warning(stored, _NO_TRACE_WARNING.format(gen=stored.get("generator")))
-    cache_key = {"analysis_id": analysis_id(), "stored": identity}
+    cache_key = {"analysis_id": analysis_id(), "stored": identity, "format": REFRESH_FORMAT}
     if not reanalyze:
         cached = load_refreshed_report(run_dir, step, rank)
         if cached is not None and cached.get("key") == cache_key:
@@ -140,8 +145,10 @@ def _reanalyse(run_dir: str, trace: str, stored: dict[str, Any],
             "from_analysis_id": stored.get("analysis_id"),
             "context": how,
             "reason": (f"The stored report was made by another analysis "
-                       f"({stored.get('generator')}); this one was rebuilt from the run's "
-                       f"raw trace and {basis} by the installed tb_gpuprof."),
+                       f"({stored.get('generator')}, analysis "
+                       f"{stored.get('analysis_id') or 'before analysis ids'}); this one was "
+                       f"rebuilt from the run's raw trace and {basis} by the installed "
+                       f"analysis ({analysis_id()})."),
         }
     return report
 

@@ -106,7 +106,7 @@ class GpuProfiler(HookCore):
             (docs/performance.md), 0.1-0.3% of a 30 ms iteration when made every iteration.
         scalars: write the always-on scalars (``gpuprof/iteration_time_ms`` ...).
         flush_secs: how often the background thread writes queued scalars.
-        peak_tflops: the GPU's dense peak TFLOP/s for MFU, instead of the built-in table.
+        peak_tflops: the GPU's dense BF16 peak TFLOP/s for MFU, instead of the built-in table.
         extra_flags: more flags for the report's ``system.flags`` (framework adapters record
             their own settings there, e.g. the Hugging Face Trainer's ``fp16``/``bf16``).
     """

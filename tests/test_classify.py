@@ -22,8 +22,10 @@ from tb_gpuprof.analysis.classify import (
     KernelClass,
     classify_kernel,
     is_tc_eligible_op,
+    is_transform_conv_kernel,
 )
 from tb_gpuprof.analysis.demangle import demangle
+from tb_gpuprof.readers import load_profile
 
 DATA = Path(__file__).parent / "data" / "kernel_names.tsv"
 FIXTURES = Path(__file__).resolve().parent / "data"  # copies of shared/fixtures
@@ -275,3 +277,36 @@ def test_tc_eligible_ops(op):
 ])
 def test_not_tc_eligible_ops(op):
     assert not is_tc_eligible_op(op)
+
+
+# Kernels of FFT and Winograd convolutions, as the H200 FP32 ResNet-50 trace (cuDNN 9) and the
+# table's Volta/Maxwell rows name them: their op's FLOPs are a direct-convolution equivalent.
+TRANSFORM_CONV = [
+    "void fft2d_r2c_32x32<float, false, 0u, false>(float2*, float const*, int, int, int, int, "
+    "int, int, int, int, int, cudnn::reduced_divisor, bool, int2, int, int)",
+    "void fft2d_c2r_16x16<float, false>(float*, float2*, int, int, int, int, int, int, int, "
+    "int, int, int, float, float, int, cudnnActivationStruct, float*, float*)",
+    "sm80_xmma_gemm_cf32cf32_f32f32_cf32_tn_n_tilesize64x64x8_stage3_warpsize2x2x1_ffma_"
+    "aligna8_alignc8_execute_kernel__5x_cublas",
+    "void cudnn::winograd_nonfused::winogradWgradData4x4<float, float>(cudnn::winograd_"
+    "nonfused::WinogradDataParams<float, float>)",
+    "volta_scudnn_winograd_128x128_ldg1_ldg4_relu_tile148t_nt_v1", "volta_gcgemm_32x32_nt",
+]
+
+
+@pytest.mark.parametrize("name", TRANSFORM_CONV)
+def test_transform_convolution_kernels_are_recognised(name):
+    assert is_transform_conv_kernel(name)
+
+
+def test_direct_convolutions_and_gemms_are_not_transforms():
+    # every math kernel of the mixed-precision ResNet-50 (implicit GEMM convolutions, nvjet
+    # GEMMs) and of the bf16 transformer does the FLOPs its op counts
+    direct = {a.name for case in ("h200/resnet50_amp_cl.json.gz",
+                                  "kineto_transformer_bf16_h200.json.gz")
+              for a in load_profile(FIXTURES / case).gpu
+              if classify_kernel(a.name, a.kind).category in ("conv", "gemm", "attention")}
+    assert len(direct) > 10
+    assert [n for n in direct if is_transform_conv_kernel(n)] == []
+    assert not is_transform_conv_kernel("ampere_sgemm_128x64_nn")
+    assert not is_transform_conv_kernel(None)  # type: ignore[arg-type]

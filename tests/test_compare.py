@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from tb_gpuprof import cli
-from tb_gpuprof.compare import compare_reports
+from tb_gpuprof.compare import compare_reports, render_comparison
 from tb_gpuprof.store.writer import EventWriter
 from tests import h200
 
@@ -44,9 +45,30 @@ def test_faster_candidate_passes_the_gate(capsys):
     assert cmp["a"]["tensor_core_pct"] == a["tensor_cores"]["tc_pct"] == 0.0
     assert cmp["b"]["tensor_core_pct"] > 0
     assert cmp["a"]["mfu_pct"] == a["throughput"]["mfu_pct"]
+    # MFU is against the BF16 peak for both, so the 2x faster TF32 run reads about 2x the MFU
+    # (not 38.6% -> 10.9%, as against each precision's own peak)
+    assert cmp["b"]["mfu_pct"] / cmp["a"]["mfu_pct"] == pytest.approx(cmp["speedup"], rel=0.01)
+    assert (cmp["a"]["precision"], cmp["b"]["precision"]) == ("fp32", "tf32")
+    assert cmp["a"]["precision_utilization_pct"] > cmp["b"]["precision_utilization_pct"]
     # the FP32 SIMT kernels vanished: the largest changes are falls A -> B
     assert cmp["kernels"][0]["delta_ms"] < 0 and cmp["kernels"][0]["b_ms"] == 0.0
     assert cmp["warnings"] == []  # same GPU, same FLOPs per iteration
+
+
+def test_an_mfu_stored_against_its_own_precision_is_not_compared_as_is():
+    # a report stored before MFU moved to the BF16 peak (no peak_precision, MFU vs FP32's 67)
+    old = copy.deepcopy(h200.report("resnet50_fp32", False))
+    tp = old["throughput"]
+    for field in ("peak_precision", "precision_peak_tflops", "precision_peak_source",
+                  "precision_utilization_pct"):
+        del tp[field]
+    tp["peak_tflops"], tp["mfu_pct"] = 67.0, 100 * tp["achieved_tflops"] / 67.0
+    cmp = compare_reports(old, h200.report("resnet50_tf32", False))
+    assert any("not against the same peak" in w for w in cmp["warnings"])
+    text = render_comparison(cmp)
+    assert "MFU (vs" not in text and "MFU  " in text
+    assert "MFU (vs BF16 peak)" in render_comparison(compare_reports(
+        h200.report("resnet50_fp32", False), h200.report("resnet50_tf32", False)))
 
 
 def test_slower_candidate_fails_with_one_line(capsys):

@@ -23,7 +23,10 @@ from tb_gpuprof import cli
 from tests.runs import cli_report, read_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE_XPLANE = os.path.join(ROOT, "tests", "data", "jax_conv_h200.xplane.pb")  # real H200
+# A real H200 profile whose FP32 math AMP speeds up by a re-timed quarter (TF32 ResNet-50): the
+# callback's recorded policy must switch that advice on or off. (The JAX conv fixture's AMP
+# saving re-times to nothing, so AMP is not listed there whatever the policy.)
+FIXTURE_AMP = os.path.join(ROOT, "tests", "data", "h200", "resnet50_tf32.json.gz")
 SAMPLES, BATCH = 96, 8  # 12 steps an epoch
 
 
@@ -85,11 +88,11 @@ def _child(backend: str, out: str) -> None:
     res["bad_logdir"] = fit("not_a_dir/run", model(), {"iter_start": 1})
     res["tensorflow_imported"] = "tensorflow" in sys.modules
     # the callback's recorded env drives the recommendations of a real H200 profile
-    if os.path.exists(FIXTURE_XPLANE):
+    if os.path.exists(FIXTURE_AMP):
         from tb_gpuprof.analysis.report import build_report
         from tb_gpuprof.readers import load_profile
 
-        prof = load_profile(FIXTURE_XPLANE)
+        prof = load_profile(FIXTURE_AMP)
         res["fixture_recs"] = {case: [r["id"] for r in build_report(
             prof, env=res[case]["env"])["recommendations"]] for case in ("fp32", "mixed_spe3")}
     with open(os.path.join(out, "result.json"), "w") as f:
@@ -221,7 +224,7 @@ def check_robustness(out: str, res: dict) -> None:
 
 def check_flags_reach_recommendations(res: dict) -> None:
     if "fixture_recs" not in res:
-        pytest.fail(f"{FIXTURE_XPLANE} is missing (it ships in tests/data)")
+        pytest.fail(f"{FIXTURE_AMP} is missing (it ships in tests/data)")
     # the same GPU profile: FP32 policy -> AMP advice; a mixed policy silences it
     assert "amp" in res["fixture_recs"]["fp32"]
     assert "amp" not in res["fixture_recs"]["mixed_spe3"]

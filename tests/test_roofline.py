@@ -3,11 +3,20 @@ ceilings table, on the real H200 traces (tests/data/h200, ../shared/fixtures cop
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from tb_gpuprof.analysis import stages
+from tb_gpuprof.analysis.columns import column_scope
 from tb_gpuprof.analysis.peaks import GPU_PEAKS, gpu_peaks, peak_for
 from tb_gpuprof.analysis.report import build_report
-from tb_gpuprof.analysis.roofline import op_traffic, speed_of_light
+from tb_gpuprof.analysis.roofline import (
+    op_traffic,
+    pipe_peak_tflops,
+    roofline_section,
+    speed_of_light,
+)
 from tb_gpuprof.analysis.schema import validate_built_report
 from tb_gpuprof.model import CpuOp
 from tb_gpuprof.readers import load_profile
@@ -26,9 +35,10 @@ def test_ceilings_are_the_h200_datasheet_rows():
     assert rf["ceilings"]["gpu"] == "H200 SXM"
     assert rf["ceilings"]["hbm_gbps"] == 4800.0
     assert rf["ceilings"]["tflops"]["bf16"] == 989.5 == H200.tflops["fp16"]
-    # MFU reads the same table
-    assert h200.report("resnet50_amp")["throughput"]["peak_tflops"] == \
-        H200.tflops[h200.report("resnet50_amp")["throughput"]["precision"]]
+    # MFU and the precision's utilisation read the same table
+    tp = h200.report("resnet50_amp")["throughput"]
+    assert tp["peak_tflops"] == H200.tflops["bf16"]
+    assert tp["precision_peak_tflops"] == H200.tflops[tp["precision"]]
 
 
 @pytest.mark.parametrize("name, label, gbps", [
@@ -146,12 +156,18 @@ def test_no_point_beats_the_speed_of_light_unexplained(case):
         assert p["bytes"] > 0 and p["flops"] > 0
         assert p["intensity"] == pytest.approx(p["flops"] / p["bytes"], rel=1e-3)
         if p["pct_of_sol"] > 100.0:
-            # only cuDNN's FFT path does beat the direct-convolution count (fewer FLOPs)
-            assert "FFT/Winograd" in over[p["name"]]["why"], p["name"]
+            # only DRAM's bound can be beaten, by data in L2; cuDNN's FFT/Winograd kernels,
+            # which beat the direct-convolution count, are not plotted (flops_basis)
+            assert p["bound"] == "memory" and "L2" in over[p["name"]]["why"], p["name"]
+        assert by_name_basis(rep, p["name"]) != "direct_conv_equivalent"
     assert all(o["pct_of_sol"] > 100.0 for o in over.values())
     by_name = {k["name"]: k for k in rep["kernels"]}
     for p in rf["points"]:  # the Kernels table carries the same figure
         assert by_name[p["name"]]["pct_of_sol"] == pytest.approx(p["pct_of_sol"], abs=0.01)
+
+
+def by_name_basis(rep: dict, name: str) -> str | None:
+    return next(k["flops_basis"] for k in rep["kernels"] if k["name"] == name)
 
 
 def test_left_out_kernels_are_counted_with_their_reason():
@@ -208,3 +224,44 @@ def test_transformer_attention_and_gemms_have_points():
             # sequence length / 2 (512 tokens here), far above an elementwise kernel's
             assert 50 < p["intensity"] < 1000, p["name"]
         assert p["pct_of_sol"] <= 100.0, p["name"]
+
+
+def test_kernels_faster_than_their_pipe_lose_their_rate_and_leave_the_roofline():
+    # the real AMP ResNet-50 window, with its top direct conv and top GEMM made to carry twice
+    # the FLOPs their Tensor Cores can do in their time: a conv that fast can only be a
+    # transform algorithm (direct-convolution equivalent), a GEMM's FLOPs are not its work
+    prof = h200.profile("resnet50_amp")
+    rep = copy.deepcopy(h200.report("resnet50_amp"))
+    counted = [k for k in rep["kernels"] if k["flops_basis"] == "counted"]
+    conv = next(k for k in counted if k["category"] == "conv")
+    gemm = next(k for k in counted  # the classifier's fc layer (cuDNN runs 1x1 convs as GEMMs)
+                if k["category"] == "gemm" and not any("conv" in op.lower() for op in k["ops"]))
+    for k in (conv, gemm):
+        k["flops"] = 2 * pipe_peak_tflops(k, H200) * k["total_us"] * 1e6
+    with column_scope():
+        linked = stages.assign_to_iterations(
+            prof, stages.select_iterations(prof, None, None, None).windows)
+        rf = roofline_section(rep, prof, linked.per_window, linked.op_flops)
+    assert (conv["flops_basis"], gemm["flops_basis"]) == ("direct_conv_equivalent",
+                                                          "over_pipe_peak")
+    for k in (conv, gemm):
+        assert k["tflops"] is None and k["pct_of_sol"] is None
+        assert k["name"] not in {p["name"] for p in rf["points"]}
+    reasons = {e["reason"] for e in rf["left_out"]}
+    assert any("FFT/Winograd" in r for r in reasons)
+    assert any("above the peak of the pipe" in r for r in reasons)
+    # untouched kernels keep their rate and their place
+    assert sum(k["flops_basis"] == "counted" for k in rep["kernels"]) == len(counted) - 2
+
+
+def test_pipe_peaks_follow_the_tensor_core_use_and_precision():
+    def peak(tc: bool, precision: str) -> float | None:
+        return pipe_peak_tflops({"uses_tensor_cores": tc, "precision": precision}, H200)
+    assert H200 is not None
+    assert peak(False, "fp32") == peak(False, "bf16") == H200.tflops["fp32"]  # CUDA cores
+    assert peak(False, "fp64") == H200.tflops["fp64"]
+    assert peak(True, "fp32") == H200.tflops["tf32"]  # FP32 data on Tensor Cores is TF32
+    assert peak(True, "bf16") == H200.tflops["bf16"]
+    # a Tensor Core kernel of a precision the table lacks: no precision beats FP8/INT8
+    assert peak(True, "fp4") == max(H200.tflops.values())
+    assert pipe_peak_tflops({"uses_tensor_cores": True, "precision": "bf16"}, None) is None

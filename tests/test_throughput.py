@@ -1,4 +1,5 @@
-"""The throughput section (FLOPs per iteration, TFLOP/s, peak, MFU) and attention FLOPs."""
+"""The throughput section (FLOPs per iteration, TFLOP/s, peaks, MFU against the BF16 peak, the
+utilisation of the precision in use) and attention FLOPs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import copy
 import pytest
 
 from tb_gpuprof.analysis.flops import causal_pairs, op_flops
+from tb_gpuprof.analysis.peaks import gpu_peaks
 from tb_gpuprof.analysis.report import build_report
 from tb_gpuprof.analysis.throughput import (
     PEAK_TFLOPS,
@@ -32,7 +34,12 @@ def test_fp32_and_tf32_resnet50_count_the_same_model_flops_from_different_kernel
         assert set(t["flops_by_category"]) == {"conv", "gemm"}
     assert fp32["flops_per_iteration"] == pytest.approx(tf32["flops_per_iteration"], rel=1e-6)
     assert (fp32["precision"], tf32["precision"]) == ("fp32", "tf32")
-    assert fp32["peak_tflops"] < tf32["peak_tflops"]  # CUDA-core FP32 vs TF32 Tensor Cores
+    # CUDA-core FP32 vs TF32 Tensor Cores: the utilisation of each is against its own peak
+    assert fp32["precision_peak_tflops"] < tf32["precision_peak_tflops"]
+    # MFU is against one peak, the dense BF16 Tensor Core rate, for both
+    bf16 = gpu_peaks("NVIDIA H200").tflops["bf16"]
+    assert fp32["peak_tflops"] == tf32["peak_tflops"] == bf16
+    assert fp32["peak_precision"] == tf32["peak_precision"] == "bf16"
     for rep in (h200.report("resnet50_fp32"), h200.report("resnet50_tf32")):
         t = rep["throughput"]
         assert t["time_source"] == "window_median_ms"
@@ -40,7 +47,13 @@ def test_fp32_and_tf32_resnet50_count_the_same_model_flops_from_different_kernel
         achieved = t["flops_per_iteration"] / (t["iteration_ms"] / 1e3) / 1e12
         assert t["achieved_tflops"] == pytest.approx(achieved, rel=1e-3)
         assert t["mfu_pct"] == pytest.approx(100 * achieved / t["peak_tflops"], rel=1e-3)
-        assert "H200" in t["peak_source"]
+        assert t["precision_utilization_pct"] == pytest.approx(
+            100 * achieved / t["precision_peak_tflops"], rel=1e-3)
+        assert "H200" in t["peak_source"] and "H200" in t["precision_peak_source"]
+    # TF32 is twice as fast on the same work: its MFU is higher, though it uses less of the
+    # (faster) TF32 peak than FP32 uses of the CUDA cores' (issue 36)
+    assert tf32["mfu_pct"] > fp32["mfu_pct"]
+    assert tf32["precision_utilization_pct"] < fp32["precision_utilization_pct"]
 
 
 def test_transformer_flops_match_the_analytic_count_including_attention():
@@ -63,14 +76,26 @@ def test_peak_override_and_unknown_gpu():
     rep = build_report(prof, env=h200.env("resnet50_tf32"), peak_tflops=100.0)
     t = rep["throughput"]
     assert (t["peak_tflops"], t["peak_source"]) == (100.0, "peak_tflops argument")
+    assert t["peak_precision"] is None  # the caller's peak, of a precision we do not know
     assert t["mfu_pct"] == pytest.approx(t["achieved_tflops"], rel=1e-3)
+    # the utilisation of the precision in use still reads the table
+    assert t["precision_peak_tflops"] == gpu_peaks("NVIDIA H200").tflops["tf32"]
 
     other = copy.deepcopy(h200.report("resnet50_tf32"))
     other["system"]["gpu_name"] = "NVIDIA A10G"
     t = throughput_section(other)
     assert t["peak_tflops"] is None and t["mfu_pct"] is None
+    assert t["precision_peak_tflops"] is None and t["precision_utilization_pct"] is None
     assert "peak_tflops=" in t["peak_source"]
     assert t["achieved_tflops"] is not None  # throughput is still known
+
+
+def test_mfu_of_a_gpu_without_bf16_is_against_its_fp16_tensor_cores():
+    volta = copy.deepcopy(h200.report("resnet50_amp"))
+    volta["system"]["gpu_name"] = "Tesla V100-SXM2-32GB"
+    t = throughput_section(volta)
+    assert (t["peak_tflops"], t["peak_precision"]) == (gpu_peaks("V100").tflops["fp16"], "fp16")
+    assert "V100" in t["peak_source"]
 
 
 def test_unprofiled_iteration_time_is_preferred():

@@ -71,8 +71,15 @@ export function prefetchLastRun(): void {
   if (run) api.report(run, null).catch(() => undefined);
 }
 
-/** The run whose latest report was written last (the one the story starts from); ties by name. */
+/** The run whose latest report was written last (the one the story starts from), among the
+ * runs whose report saw GPU work when there are any (a CPU-only run has no GPU story); ties by
+ * name. */
 export function mostRecentRun(runs: RunInfo[]): string | null {
+  const withGpu = runs.filter((r) => r.gpu_work === true);
+  return latestOf(withGpu) ?? latestOf(runs) ?? runs[0]?.run ?? null;
+}
+
+function latestOf(runs: RunInfo[]): string | null {
   let best: RunInfo | null = null;
   let bestTime = -Infinity;
   for (const r of runs) {
@@ -83,7 +90,7 @@ export function mostRecentRun(runs: RunInfo[]): string | null {
       bestTime = t;
     }
   }
-  return (best ?? runs[0])?.run ?? null;
+  return best?.run ?? null;
 }
 
 interface PanelProps {
@@ -107,6 +114,25 @@ function RunPanel({ run, step, tab, dark, open, kernelQuery, openKernels }: Pane
   if (report.error) return <ErrorBox what={`run “${run.run}”`} error={report.error} />;
   if (!report.data) return <Loading what="Loading report" />;
   const r = report.data;
+  return (
+    <>
+      {r.refreshed ? <RefreshedNotice refreshed={r.refreshed} /> : null}
+      <ReportView run={run} step={step} tab={tab} dark={dark} report={r} kernelQuery={kernelQuery} openKernels={openKernels} />
+    </>
+  );
+}
+
+/** Says that the report on screen was rebuilt from the run's raw trace by the installed
+ * analysis (the stored one was made by another version), as text: names are never HTML. */
+function RefreshedNotice({ refreshed }: { refreshed: NonNullable<Report["refreshed"]> }) {
+  return (
+    <div class="notice" role="status" data-testid="refreshed-notice">
+      ↻ Refreshed report: {refreshed.reason}
+    </div>
+  );
+}
+
+function ReportView({ run, step, tab, dark, report: r, kernelQuery, openKernels }: Omit<PanelProps, "open"> & { report: Report }) {
   if (tab === "kernels") return <KernelsView key={`${run.run}@${step}@${kernelQuery}`} run={run.run} step={step} report={r} initialQuery={kernelQuery} />;
   if (tab === "roofline") return <RooflineView report={r} openKernels={openKernels} />;
   if (tab === "iterations") return <IterationsView report={r} dark={dark} />;

@@ -3,10 +3,13 @@
 
 export interface Bottleneck {
   basis: "profiled" | "unprofiled";
-  bound: "communication" | "copy" | "data_wait" | "dispatch" | "gpu" | "host" | "mixed" | "sync";
+  bound: "communication" | "copy" | "data_wait" | "dispatch" | "gpu" | "host" | "mixed" | "no_gpu" | "sync";
+  compiled_code?: string[];
   corrected_ms: Record<string, number> | null;
   corrected_pct: Record<string, number> | null;
   glue_max_us: number;
+  graph_breaks?: SyncSite[];
+  input_prep_ms?: number | null;
   items: (Record<string, number | null>)[];
   mean_ms: Record<string, number>;
   mean_pct: Record<string, number>;
@@ -124,6 +127,7 @@ export interface Kernel {
   count: number;
   demangled: string;
   flops: number | null;
+  flops_basis?: "counted" | "direct_conv_equivalent" | "over_pipe_peak" | null;
   grid: number[] | null;
   kind: string;
   max_us: number;
@@ -229,6 +233,7 @@ export interface Recommendation {
   id: string;
   predicted_iteration_ms?: number | null;
   problem: string;
+  removable_ms?: number | null;
   severity: "high" | "low" | "medium";
   title: string;
 }
@@ -395,9 +400,13 @@ export interface Throughput {
   iteration_ms: number | null;
   math_time_counted_pct: number | null;
   mfu_pct: number | null;
+  peak_precision?: "bf16" | "fp16" | null;
   peak_source: string;
   peak_tflops: number | null;
   precision: "bf16" | "fp16" | "fp32" | "fp8" | "tf32" | null;
+  precision_peak_source?: string;
+  precision_peak_tflops?: number | null;
   precision_source: "flags" | "kernel_flops" | "precision_us" | "unknown";
+  precision_utilization_pct?: number | null;
   time_source: "unprofiled_median_ms" | "window_median_ms";
 }

@@ -64,6 +64,8 @@ body.gp-dark-body { background: #303030; }
   background: transparent; white-space: pre-wrap; }
 .gp .empty { color: var(--muted); padding: 24px; text-align: center; border: 1px dashed var(--border); border-radius: 6px; }
 .gp .warn { color: var(--medium); }
+.gp .notice { border: 1px solid var(--border); border-left: 4px solid var(--low); border-radius: 0 6px 6px 0;
+  padding: 8px 14px; margin-bottom: 12px; background: var(--panel); }
 .gp .verdict { border: 1px solid var(--border); border-left: 4px solid var(--accent); border-radius: 0 6px 6px 0;
   padding: 10px 14px; margin-bottom: 12px; background: var(--panel); }
 .gp .verdict-text { font-size: 18px; font-weight: 500; margin-bottom: 8px; }

@@ -33,6 +33,9 @@ export interface RunInfo {
   has_trace: boolean;
   has_telemetry: boolean;
   error: string | null;
+  /** whether the latest report saw GPU work (null: no readable report) */
+  gpu_work: boolean | null;
+  wall_time: number | null;
 }
 
 // Tag names the dashboard reads, as the server names them (tb_gpuprof/store/layout.py

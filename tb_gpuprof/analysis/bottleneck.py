@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import compress
 from operator import attrgetter
@@ -61,6 +61,33 @@ _START, _DUR, _NAME = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("
 _TID, _CORRELATION = attrgetter("tid"), attrgetter("correlation")
 
 
+# Names that show compiled code runs (torch.compile's regions and graphs as host ops and
+# ranges, Inductor's Triton kernels, CUDA graph replays): eager advice does not apply.
+COMPILED_OP_MARKERS = ("Torch-Compiled Region", "CompiledFunction", "## Call CompiledFxGraph",
+                       "torch_compile", "TorchDynamo", "CompiledFxGraph")
+COMPILED_KERNEL_PREFIXES = ("triton_",)
+GRAPH_LAUNCH_CALLS = ("cudaGraphLaunch", "cuGraphLaunch")
+NO_GPU_VERDICT = ("no GPU activity: the trace holds no GPU kernels, copies or collectives (a "
+                  "CPU-only run, or CUDA activity was not recorded), so nothing here waits "
+                  "for a GPU and there is no GPU fix to make")
+
+
+def compiled_code(profile: Profile, limit: int = 5) -> list[str]:
+    """Up to ``limit`` distinct names in the trace that show compiled code runs."""
+    found: list[str] = []
+    for names, hit in (
+            (columns.values(profile.gpu, "name"), lambda n: n.startswith(COMPILED_KERNEL_PREFIXES)),
+            (columns.values(profile.runtime, "name"), lambda n: n.startswith(GRAPH_LAUNCH_CALLS)),
+            (columns.values(profile.cpu_ops, "name"), lambda n: n.startswith(COMPILED_OP_MARKERS)),
+            ([a.name for a in profile.annotations], lambda n: n.startswith(COMPILED_OP_MARKERS))):
+        for name in sorted(set(names)):
+            if len(found) >= limit:
+                return found
+            if hit(name):
+                found.append(name)
+    return found
+
+
 @lru_cache(maxsize=1 << 16)  # asked for every runtime call: a trace has few distinct names
 def is_host_sync(name: str) -> bool:
     """A host call that blocks until the device has finished (not a GPU-side stream wait)."""
@@ -76,6 +103,33 @@ class HostTimeline:
     sync: Coverage
     framework: Coverage
     blocking: set[int]  # correlations of the launches that block (pageable device-to-host)
+    # op-less host time before each iteration's forward (input_prep): the input's own Python
+    # work, short stretches included; the savings' replay moves it to workers
+    prep: Coverage = field(default_factory=lambda: Coverage([]))
+    # each iteration's forward and backward on the host (first forward kernel launch to last
+    # backward launch): what torch.compile(model) compiles; empty when phases are unknown
+    model: Coverage = field(default_factory=lambda: Coverage([]))
+
+
+def input_prep(host: HostTimeline, windows: Sequence[tuple[float, float]],
+               forward_starts: Sequence[float | None]) -> tuple[float | None, Intervals]:
+    """Host time per iteration spent preparing its input: from the iteration's start to its
+    first forward kernel launch, the data-loader fetches and the op-less host work (Python,
+    tokenisation, collate, numpy), short stretches included: before the forward no glue
+    between two ops of the model runs. None when no iteration has a known forward. Also the
+    op-less pieces, for the replay."""
+    total, counted = 0.0, 0
+    pieces: Intervals = []
+    for (ws, _), fwd in zip(windows, forward_starts, strict=True):
+        if fwd is None or fwd <= ws:
+            continue
+        counted += 1
+        data = host.data.clip(ws, fwd)
+        busy = merge(data + host.sync.clip(ws, fwd) + host.framework.clip(ws, fwd))
+        opless = subtract([(ws, fwd)], busy)
+        pieces += opless
+        total += length(data) + length(opless)
+    return (total / counted / 1e3 if counted else None), pieces
 
 
 def _launch_tids(profile: Profile) -> set[int]:
@@ -472,5 +526,6 @@ def bottleneck_section(per_iteration: Sequence[dict[str, float]], steps: Iterabl
     }
 
 
-__all__ = ["CLASSES", "HostTimeline", "bottleneck_section", "gpu_intervals", "host_timeline",
-           "is_host_sync", "iteration_shares", "window_shares"]
+__all__ = ["CLASSES", "NO_GPU_VERDICT", "HostTimeline", "bottleneck_section", "compiled_code",
+           "gpu_intervals", "host_timeline", "input_prep", "is_host_sync", "iteration_shares",
+           "window_shares"]

@@ -19,7 +19,7 @@ from functools import lru_cache
 from .demangle import demangle
 
 __all__ = ["CATEGORIES", "PRECISIONS", "KernelClass", "classify_kernel", "is_math_helper",
-           "is_tc_eligible_op"]
+           "is_tc_eligible_op", "is_transform_conv_kernel"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4", "int8", "int4", "fp64", "unknown")
 CATEGORIES = ("gemm", "conv", "attention", "norm", "elementwise", "reduction", "layout",
@@ -390,6 +390,25 @@ def is_math_helper(name: str) -> bool:
     dQ conversion): filed under its op's category, but it does none of the op's FLOPs."""
     low = name.lower()
     return bool(_GEMM_HELPER.search(low) or _ATTN_HELPER.search(low))
+
+
+# Kernels of transform-based convolutions: cuDNN's FFT path (fft2d_r2c/c2r, fft_r2c_conv) and
+# the complex GEMM it multiplies the transformed tiles with (sm80_xmma_gemm_cf32cf32...,
+# volta_gcgemm_*, *_cgemm), and the Winograd engines (winograd_nonfused::winogradWgradData4x4,
+# ...). They do fewer multiply-adds than the direct convolution whose FLOPs their op counts.
+_TRANSFORM_CONV = re.compile(
+    r"fft|winograd|(?<![a-z0-9])(?:c2r|r2c|g?[cz]gemm|cf32|cf64)")
+
+
+@lru_cache(maxsize=16384)
+def is_transform_conv_kernel(name: str) -> bool:
+    """Whether the name is a kernel of an FFT or Winograd convolution (or the complex GEMM of
+    the FFT path): under a convolution op its share of the op's FLOPs is a direct-convolution
+    equivalent, not the work it does."""
+    if not isinstance(name, str):
+        return False
+    text = demangle(name) if name.startswith("_Z") else name
+    return bool(_TRANSFORM_CONV.search(text[:_MAX_NAME].lower()))
 
 
 def is_tc_eligible_op(op_name: str) -> bool:

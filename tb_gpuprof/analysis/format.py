@@ -9,7 +9,8 @@ from typing import Any
 
 CSV_FIELDS = ["name", "kind", "count", "total_us", "mean_us", "min_us", "max_us", "pct",
               "uses_tensor_cores", "precision", "category", "tc_eligible", "ops", "grid", "block",
-              "registers", "shared_mem", "occupancy_pct", "flops", "bytes", "tflops", "source"]
+              "registers", "shared_mem", "occupancy_pct", "flops", "bytes", "tflops", "flops_basis",
+              "source"]
 
 
 def render(report: dict[str, Any], fmt: str = "text", top: int = 10) -> str:
@@ -58,6 +59,26 @@ def _shares(bn: dict[str, Any]) -> str:
                                else " of the iteration")
 
 
+def _throughput(tp: dict[str, Any]) -> str:
+    """MFU first (against one peak for every precision, so comparable across runs), then the
+    utilisation of the peak of the precision in use."""
+    tflops = tp.get("achieved_tflops")
+    if tflops is None:
+        return "no FLOPs counted (no op shapes in the trace)"
+    text = f"{tflops:.1f} model TFLOP/s"
+    if tp.get("mfu_pct") is not None:
+        ref = tp.get("peak_precision")
+        of = f"dense {ref.upper()} peak" if ref else "peak passed as peak_tflops="
+        text += f", MFU {tp['mfu_pct']:.1f}% (of the {tp['peak_tflops']:g} TFLOP/s {of})"
+    else:
+        text += f", no MFU ({tp.get('peak_source')})"
+    util = tp.get("precision_utilization_pct")
+    if util is not None:
+        text += (f", {util:.1f}% of the {tp['precision_peak_tflops']:g} TFLOP/s "
+                 f"{tp['precision']} peak (the precision in use)")
+    return text
+
+
 def _text(report: dict[str, Any], top: int) -> str:
     it = report["iterations"]
     tc = report["tensor_cores"]
@@ -71,7 +92,8 @@ def _text(report: dict[str, Any], top: int) -> str:
     bn = report.get("bottleneck")
     if bn:
         add(f"  verdict:           {bn['verdict']}")
-        add("  bound by:          " + _shares(bn))
+        if bn["bound"] != "no_gpu":  # shares of a GPU's wait: none without one
+            add("  bound by:          " + _shares(bn))
     add(f"  source:            {report['source']['path']} ({report['source']['format']})")
     if sysinfo.get("gpu_name"):
         cc = sysinfo.get("compute_capability")
@@ -96,6 +118,8 @@ def _text(report: dict[str, Any], top: int) -> str:
         f"{tc['eligible_not_tc_pct']:.1f}% eligible but not using TC, "
         f"{tc['other_pct']:.1f}% other, {tc['memory_pct']:.1f}% memory")
     add("  TC kernel efficiency: " + ("-" if eff is None else f"{eff:.1f}%"))
+    if report.get("throughput"):
+        add("  throughput:        " + _throughput(report["throughput"]))
     if report.get("phases"):
         ph = report["phases"]
         add(f"  phases (GPU time): forward {_ms(ph['forward_ms'])}, backward "
@@ -127,8 +151,10 @@ def _text(report: dict[str, Any], top: int) -> str:
         add("  none: no rule found a problem worth fixing in this window")
     for i, r in enumerate(recs, 1):
         saving = r.get("estimated_saving_ms")
+        rng = r.get("estimated_range_pct")
         add(f"  {i}. [{r['id']}] {r['title']} ({r['severity']}"
-            + (f", saves ~{saving:.1f} ms/iteration" if saving else "") + ")")
+            + (f", saves ~{saving:.1f} ms/iteration" if saving else "")
+            + (f", {rng[0]:.0f}–{rng[1]:.0f}%" if rng else "") + ")")
         add(f"     {r['problem']}")
         for fw in ("pytorch", "keras", "jax"):
             fix = (r.get("fix") or {}).get(fw)

@@ -18,8 +18,10 @@ def section_scalars(section: dict[str, Any], iteration_ms: float) -> dict[str, f
     the report's ``throughput`` section.
 
     The window's FLOPs per iteration over this iteration's wall time (the always-on
-    ``gpuprof/iteration_time_ms``). Empty when the window counted no FLOPs or the time is not
-    positive; no MFU when no peak is known. Cheap: two divisions and a few dict lookups.
+    ``gpuprof/iteration_time_ms``); MFU over the section's ``peak_tflops``, the GPU's dense
+    BF16 Tensor Core peak (or the caller's ``peak_tflops=``), whatever the run's precision, as
+    the report's MFU. Empty when the window counted no FLOPs or the time is not positive; no
+    MFU when no peak is known. Cheap: two divisions and a few dict lookups.
     """
     flops = section.get("flops_per_iteration")
     if not flops or not iteration_ms or iteration_ms <= 0:

@@ -1,6 +1,7 @@
 """The one table of GPU ceilings: dense peak TFLOP/s per precision and memory bandwidth.
 
-Used by MFU (throughput.py) and the roofline (roofline.py). Every number is from NVIDIA's
+Used by MFU and the utilisation of the precision in use (throughput.py) and the roofline
+(roofline.py). Every number is from NVIDIA's
 datasheet for that GPU; docs/roofline.md lists the source of each row. Tensor Core figures are
 **dense** (datasheets print them "with sparsity", twice these). Rows are matched on the
 NVML/CUDA device name the report's ``system.gpu_name`` carries; the first row whose pattern
@@ -98,4 +99,22 @@ def peak_for(gpu_name: str | None, precision: str | None) -> tuple[float | None,
     return None, f"no {precision} peak for {row.label} in the table: pass peak_tflops="
 
 
-__all__ = ["GPU_PEAKS", "PRECISIONS", "GpuPeaks", "gpu_peaks", "peak_for"]
+# MFU's denominator: the GPU's dense BF16 Tensor Core peak, whatever precision the run computes
+# in (the convention of PaLM, Megatron-LM and torchtitan), so that MFU rises when a run gets
+# faster: against the peak of the precision in use, an FP32 run on CUDA cores reads a higher
+# MFU than the same model twice as fast in TF32. GPUs without BF16 (V100, T4) use their FP16
+# Tensor Core peak, the same 16-bit rate.
+MFU_REFERENCE_PRECISIONS = ("bf16", "fp16")
+
+
+def mfu_reference_peak(gpu_name: str | None) -> tuple[float | None, str | None, str]:
+    """(dense peak TFLOP/s MFU is measured against, its precision, where it came from)."""
+    for precision in MFU_REFERENCE_PRECISIONS:
+        peak, source = peak_for(gpu_name, precision)
+        if peak is not None:
+            return peak, precision, source + " Tensor Core (the MFU reference)"
+    return None, None, peak_for(gpu_name, MFU_REFERENCE_PRECISIONS[0])[1]
+
+
+__all__ = ["GPU_PEAKS", "MFU_REFERENCE_PRECISIONS", "PRECISIONS", "GpuPeaks", "gpu_peaks",
+           "mfu_reference_peak", "peak_for"]

@@ -16,7 +16,6 @@ time. Pure functions of the report and the profile; imports no framework.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from math import prod
 from operator import attrgetter
@@ -334,6 +333,29 @@ def ceiling_precision(kernel: dict[str, Any], data_precision: str | None) -> str
     return "fp64" if p == "fp64" else "fp32"
 
 
+def pipe_peak_tflops(kernel: dict[str, Any], row: GpuPeaks | None,
+                     data_precision: str | None = None) -> float | None:
+    """The most FLOP/s the pipe a kernel runs on can do: its ceiling_precision's peak, or for
+    a Tensor Core kernel of a precision the table lacks, the Tensor Cores' fastest rate (no
+    precision runs faster). None for a GPU not in the table."""
+    if row is None:
+        return None
+    peak = row.peak(ceiling_precision(kernel, data_precision))
+    if peak is None and kernel.get("uses_tensor_cores"):
+        peak = max((v for p, v in row.tflops.items() if p not in ("fp32", "fp64")), default=None)
+    return peak
+
+
+def over_pipe_peak(kernel: dict[str, Any], row: GpuPeaks | None,
+                   data_precision: str | None = None) -> bool:
+    """Whether a kernel's counted FLOPs over its time beat the peak of the pipe it runs on:
+    then they are not the work it did (a transform convolution, or FLOPs of its op that
+    another kernel did)."""
+    peak = pipe_peak_tflops(kernel, row, data_precision)
+    flops, us = kernel.get("flops"), kernel.get("total_us")
+    return bool(peak and flops and us and flops / (us * 1e6) > peak)
+
+
 def speed_of_light(flops: float, nbytes: float, time_us: float, peak_tflops: float | None,
                    hbm_gbps: float | None) -> dict[str, Any] | None:
     """Intensity, achieved and attainable TFLOP/s, % of speed of light and the bound."""
@@ -369,20 +391,37 @@ def _sig(v: float, digits: int = 5) -> float:
     return float(f"{v:.{digits}g}")
 
 
-# cuDNN's FFT and Winograd convolutions (and the complex GEMMs of the FFT path) do fewer
-# multiply-adds than the direct convolution the FLOPs are counted for.
-_FAST_CONV = re.compile(r"fft|winograd|cgemm|cf32cf32|c2r|r2c", re.IGNORECASE)
-
-
 def _over_ceiling_why(point: dict[str, Any]) -> str:
-    """Why a kernel beat the speed of light: said, never clipped."""
-    if _FAST_CONV.search(point["name"]):
-        return ("FFT/Winograd convolution: it does fewer FLOPs than the direct convolution "
-                "they are counted for")
+    """Why a kernel beat the speed of light: said, never clipped. (Kernels whose FLOPs beat
+    their pipe's peak are not plotted: _uncounted_reason.)"""
     if point["bound"] == "memory":
         return ("faster than DRAM allows for the bytes counted: the data was in L2 (written "
                 "just before or re-read), or the byte model over-counts")
     return "faster than the compute peak: the FLOP count or the peak table is wrong for it"
+
+
+_TRANSFORM_CONV_REASON = ("FFT/Winograd convolution: its FLOPs are the direct convolution's "
+                          "equivalent, not the work it does")
+_OVER_PEAK_REASON = ("FLOPs of its op above the peak of the pipe it runs on: not the work it "
+                     "did (the split of the op's FLOPs over its kernels, or the pipe, is wrong)")
+
+
+def _uncounted_reason(k: dict[str, Any], row: GpuPeaks | None,
+                      data_precision: str | None) -> str | None:
+    """Why a kernel's FLOPs are not its work (then its row loses ``tflops``), or None.
+
+    A convolution's kernel that computes faster than its pipe's peak can only have done fewer
+    multiply-adds than the direct convolution counted: a transform algorithm whose name does
+    not say so. Any other kernel over the peak has FLOPs of its op it did not do.
+    """
+    if k.get("flops_basis") == "counted" and over_pipe_peak(k, row, data_precision):
+        conv = k["category"] == "conv" or any("conv" in op.lower() for op in k.get("ops") or ())
+        k["flops_basis"] = "direct_conv_equivalent" if conv else "over_pipe_peak"
+        k["tflops"] = None
+    basis = k.get("flops_basis")
+    if basis == "direct_conv_equivalent":
+        return _TRANSFORM_CONV_REASON
+    return _OVER_PEAK_REASON if basis == "over_pipe_peak" else None
 
 
 def _ceilings(row: GpuPeaks | None, gpu_name: str | None) -> tuple[dict[str, Any] | None, str]:
@@ -391,6 +430,12 @@ def _ceilings(row: GpuPeaks | None, gpu_name: str | None) -> tuple[dict[str, Any
         return None, f"{why}: no ceilings, no % of speed of light"
     return ({"gpu": row.label, "hbm_gbps": row.hbm_gbps, "memory": row.memory,
              "tflops": dict(row.tflops)}, f"{row.label} datasheet (dense peaks)")
+
+
+def _leave_out(left_out: dict[str, list[float]], reason: str, k: dict[str, Any]) -> None:
+    entry = left_out.setdefault(reason, [0, 0.0])  # [kernels, time]
+    entry[0] += 1
+    entry[1] += k["total_us"]
 
 
 def roofline_section(report: dict[str, Any], profile: Profile,
@@ -411,6 +456,10 @@ def roofline_section(report: dict[str, Any], profile: Profile,
             continue
         kernels_total += 1
         t = tallies[k["name"]]
+        uncounted = _uncounted_reason(k, row, t.precision)
+        if uncounted:  # FLOPs that are not the kernel's work: no speed of light from them
+            _leave_out(left_out, uncounted, k)
+            continue
         flops = float(k["flops"] or t.flops)
         ceiling = ceiling_precision(k, t.precision)
         sol = speed_of_light(flops, t.bytes, k["total_us"], row.peak(ceiling) if row else None,
@@ -419,16 +468,11 @@ def roofline_section(report: dict[str, Any], profile: Profile,
             k["pct_of_sol"] = _sig(sol["pct_of_sol"])
         if flops > 0 and t.bytes > 0 and sol is not None:
             plotted.append(_point(k, t, flops, ceiling, sol))
-            continue
-        if t.reasons:
-            reason = max(t.reasons, key=lambda r: t.reasons[r])
-        elif t.bytes > 0:
-            reason = "data movement only (no FLOPs to plot)"
+        elif t.reasons:
+            _leave_out(left_out, max(t.reasons, key=lambda r: t.reasons[r]), k)
         else:
-            reason = source
-        entry = left_out.setdefault(reason, [0, 0.0])
-        entry[0] += 1
-        entry[1] += k["total_us"]
+            _leave_out(left_out, "data movement only (no FLOPs to plot)" if t.bytes > 0
+                       else source, k)
     over = [{"name": p["name"], "pct_of_sol": p["pct_of_sol"], "why": _over_ceiling_why(p)}
             for p in plotted if p["pct_of_sol"] > 100.0]
     return {

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from .rules.build import SEVERITY_ORDER, by_saving
 from .whatif import PINNED_H2D_BYTES_PER_US, SPEEDUPS, Fix, Replay, SimKernel, predicted_ms
 
 MATH = ("gemm", "conv", "attention")
@@ -18,6 +19,10 @@ HALF = ("fp16", "bf16", "fp8")
 MEMORY_BOUND = ("norm", "elementwise", "reduction")
 SEVERITY_HIGH_PCT = 20.0
 SEVERITY_MEDIUM_PCT = 5.0
+# A fix predicted to save less than this share of the iteration is not advice: run-to-run
+# spread of the un-profiled iteration on the H200 loops is larger (docs/recommendations.md).
+MIN_SAVING_PCT = 0.5
+RANGE_MIN_WIDTH_PCT = 1.0  # ranges are printed in whole percent
 REMOVED = 1e9  # a kernel the fix removes runs this many times faster
 
 
@@ -75,11 +80,17 @@ def fix_channels_last(v: int) -> Fix:
     return Fix(kernel_factor=factor, by_class=True)
 
 
-def fix_compile(v: int) -> Fix:
+def fix_compile(v: int, compilable: float = 1.0) -> Fix:
+    """``compilable``: the share of the work torch.compile can capture (graph breaks,
+    analysis/rules/trace.py): fusion and cheaper dispatch apply to that share only."""
+    fusion, rate = _f("fusion_small_kernels", v), 1.0 / _f("compile_dispatch", v)
+    if compilable < 1.0:
+        fusion = 1.0 + max(compilable, 0.0) * (fusion - 1.0)
+        rate = 1.0 - max(compilable, 0.0) * (1.0 - rate)
+
     def factor(k: SimKernel) -> float:
-        return _f("fusion_small_kernels", v) if k.category in MEMORY_BOUND else 1.0
-    return Fix(kernel_factor=factor, framework_rate=1.0 / _f("compile_dispatch", v),
-               by_class=True)
+        return fusion if k.category in MEMORY_BOUND else 1.0
+    return Fix(kernel_factor=factor, framework_rate=rate, by_class=True)
 
 
 def fix_input_pipeline(v: int) -> Fix:
@@ -114,7 +125,8 @@ FIXES: dict[str, Callable[[int], Fix]] = {
 
 def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float,
            host_scale: float, basis: str) -> None:
-    """Replace the rules' savings by re-timed ones (in place) and set severity from them."""
+    """Replace the rules' savings by re-timed ones (in place); :func:`finalize` then sets
+    severity from them and drops what saves nothing."""
     ids = {r["id"] for r in recs}
     for rec in recs:
         build = FIXES.get(rec["id"])
@@ -123,24 +135,99 @@ def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float
         if rec["id"] == "amp":
             no_half = not any(k.precision in HALF for k in replay.kernels)
             build = partial(fix_amp, unknown_is_fp32=no_half)
-        # AMP follows TF32 when both are recommended: its saving is what it adds after it
-        after = fix_tf32 if rec["id"] == "amp" and "tf32" in ids else None
+        share = (rec.get("evidence") or {}).get("compilable_share")
+        if rec["id"] == "compile" and share is not None:
+            build = partial(fix_compile, compilable=float(share))
+        after = _counted_after(rec, ids)
         start = ([predicted_ms(replay, after(v), measured_ms, host_scale) for v in (0, 1, 2)]
                  if after else [measured_ms] * 3)
         typical, low, high = (predicted_ms(replay, build(v), measured_ms, host_scale,
                                            after(v) if after else None) for v in (0, 1, 2))
-        saving = max(start[0] - typical, 0.0)
-        pcts = sorted(100.0 * max(s0 - t, 0.0) / measured_ms
+        bound = rec.get("removable_ms")
+        cap = bound if bound is not None else float("inf")
+        saving = min(max(start[0] - typical, 0.0), cap)
+        pcts = sorted(100.0 * min(max(s0 - t, 0.0), cap) / measured_ms
                       for s0, t in ((start[1], low), (start[2], high)))
         rec["estimated_saving_ms"] = round(saving, 3)
         rec["estimated_saving_pct"] = round(100.0 * saving / measured_ms, 1)
-        rec["estimated_range_pct"] = [round(pcts[0], 1), round(pcts[1], 1)]
-        rec["predicted_iteration_ms"] = round(typical, 3)
+        rec["estimated_range_pct"] = range_pct(pcts[0], pcts[1])
+        rec["predicted_iteration_ms"] = round(start[0] - saving, 3)
+        capped = bound is not None and max(start[0] - typical, 0.0) > bound
         rec["estimate_basis"] = (
             f"re-timed the window with the fix applied ({_what(rec['id'])}), on the "
             f"{basis} {measured_ms:.1f} ms iteration; the range uses the low and high "
-            "speed-up factors")
-        rec["severity"] = severity_for(rec["estimated_saving_pct"])
+            "speed-up factors"
+            + (f"; capped at the {bound:.2f} ms of work the fix changes" if capped else "")
+            + (f"; counted after `{_AFTER[rec['id']][0]}`" if after else ""))
+
+
+# A fix whose estimate assumes another is applied first: its saving is what it adds after
+# that one, and it is listed right after it. AMP is measured from TF32 speed (the ladder's
+# order). torch.compile cannot capture a host sync inside the compiled forward (.item() ends
+# its graph, CUDA graphs cannot hold one): with graph breaks, compile's gain comes after the
+# syncs are gone. Syncs outside the model (loss.item(), gradient norms after the backward)
+# break no graph: there compile is measured on its own (an H200 GPT-2 loop with ~77 such
+# syncs a step: compile 1.33x, the syncs removed 0.94x, docs/recommendations.md).
+_AFTER: dict[str, tuple[str, Callable[[int], Fix]]] = {
+    "amp": ("tf32", fix_tf32), "compile": ("host_sync", fix_host_sync),
+}
+
+
+def _counted_after(rec: dict[str, Any], ids: set[str]) -> Callable[[int], Fix] | None:
+    first = _AFTER.get(rec["id"])
+    if first is None or first[0] not in ids:
+        return None
+    if rec["id"] == "compile" and not (rec.get("evidence") or {}).get("graph_breaks"):
+        return None
+    return first[1]
+
+
+def range_pct(low: float, high: float) -> list[float] | None:
+    """[low, high] when they differ at the precision a range is printed with (whole
+    percent); a range narrower than one point prints as "75%–75%": one value, None."""
+    return [round(low, 1), round(high, 1)] if high - low >= RANGE_MIN_WIDTH_PCT else None
+
+
+def finalize(recs: list[dict[str, Any]], iteration_ms: float,
+             syncs_bound: bool = False) -> list[dict[str, Any]]:
+    """Severity from each re-timed saving (a rule's own severity stands where none could be
+    re-timed: ``communication``); a fix predicted to save less than
+    :data:`MIN_SAVING_PCT` of the iteration is left out; then the order: severity, saving,
+    and a fix counted after another (:data:`_AFTER`) right after that one. ``syncs_bound``:
+    host syncs are the largest share of the iteration, so ``host_sync`` comes before
+    ``compile`` whatever their estimates (a compiled graph still waits at every sync)."""
+    kept = []
+    for rec in recs:
+        pct = rec.get("estimated_saving_pct")
+        if rec.get("estimated_saving_ms") is not None and pct is None and iteration_ms > 0:
+            pct = rec["estimated_saving_pct"] = round(
+                100.0 * rec["estimated_saving_ms"] / iteration_ms, 1)
+        # a rule that fired on work the GPU may hide asks the re-timing to confirm it
+        confirm = (rec.get("evidence") or {}).get("confirm_min_pct")
+        if pct is None and confirm is not None:
+            continue  # not re-timed: nothing confirms the work is on the critical path
+        if pct is not None:
+            if pct < max(MIN_SAVING_PCT, confirm or 0.0):
+                continue
+            if rec.get("predicted_iteration_ms") is not None:  # re-timed: severity follows
+                rec["severity"] = severity_for(pct)
+        kept.append(rec)
+    ordered = by_saving(kept)
+    ids = [r["id"] for r in ordered]
+    for rid, (first, _) in _AFTER.items():
+        if rid in ids and first in ids and ids.index(first) > ids.index(rid) and (
+                _counted_after(ordered[ids.index(rid)], set(ids)) is not None
+                or (rid == "compile" and syncs_bound)):
+            # the prerequisite moves up to its dependent's place and takes its severity:
+            # the dependent's saving needs it
+            pre = ordered.pop(ids.index(first))
+            at = ids.index(rid)
+            pre["severity"] = min(pre["severity"], ordered[at]["severity"],
+                                  key=lambda s: SEVERITY_ORDER.get(s, 3))
+            pre.setdefault("evidence", {})["prerequisite_of"] = rid
+            ordered.insert(at, pre)
+            ids = [r["id"] for r in ordered]
+    return ordered
 
 
 def severity_for(saving_pct: float | None) -> str:

@@ -30,7 +30,7 @@ Number = float  # msgspec accepts ints for float fields
 Later = UnsetType
 Severity = Literal["high", "medium", "low"]
 BoundClass = Literal["gpu", "copy", "communication", "dispatch", "host", "data_wait", "sync",
-                     "mixed"]
+                     "mixed", "no_gpu"]
 
 
 class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -127,6 +127,15 @@ class Bottleneck(_Section, kw_only=True):
     sync_sites: list[SyncSite] | Later = UNSET
     glue_max_us: Number
     note: str | None
+    # names in the trace that show compiled code runs (Inductor/Triton kernels, compiled
+    # regions, CUDA graph launches), at most 5; empty when none
+    compiled_code: list[str] | Later = UNSET
+    # host syncs inside the forward (data-dependent ops: .item(), nonzero, ...): the places
+    # torch.compile breaks its graph
+    graph_breaks: list[SyncSite] | Later = UNSET
+    # host time per iteration before the forward's first kernel launch in data-loader
+    # fetches and op-less host work (the input's preparation), profiled; None: no forward
+    input_prep_ms: Number | Later | None = UNSET
 
 
 class Kernel(_Section, kw_only=True):
@@ -154,6 +163,12 @@ class Kernel(_Section, kw_only=True):
     tflops: Number | None
     source: str | None
     pct_of_sol: Number | Later | None = UNSET  # roofline.py: % of speed of light
+    # what ``flops`` are: "counted" (the op's math, which the kernel executes: ``tflops`` is its
+    # rate), "direct_conv_equivalent" (an FFT/Winograd convolution's share of the direct
+    # convolution's FLOPs: no ``tflops``, not on the roofline), "over_pipe_peak" (a rate above
+    # its pipe's peak, so not its work: no ``tflops``); null without FLOPs
+    flops_basis: Literal["counted", "direct_conv_equivalent", "over_pipe_peak"] | Later | None \
+        = UNSET
 
 
 class TensorCores(_Section, kw_only=True):
@@ -275,9 +290,15 @@ class Throughput(_Section, kw_only=True):
     achieved_tflops: Number | None
     precision: Literal["fp32", "tf32", "bf16", "fp16", "fp8"] | None
     precision_source: Literal["kernel_flops", "precision_us", "flags", "unknown"]
-    peak_tflops: Number | None
+    peak_tflops: Number | None  # MFU's: dense BF16 Tensor Core peak, or peak_tflops=
     peak_source: str
-    mfu_pct: Number | None
+    mfu_pct: Number | None  # 100 * achieved_tflops / peak_tflops
+    # the precision of peak_tflops: "bf16" ("fp16" on GPUs without BF16); null for peak_tflops=
+    peak_precision: Literal["bf16", "fp16"] | Later | None = UNSET
+    # the peak of the precision the run computes in (``precision``), and its utilisation
+    precision_peak_tflops: Number | Later | None = UNSET
+    precision_peak_source: str | Later = UNSET
+    precision_utilization_pct: Number | Later | None = UNSET
 
 
 class RooflineCeilings(_Section, kw_only=True):
@@ -338,9 +359,12 @@ class Recommendation(_Section, kw_only=True):
     estimated_saving_ms: Number | None
     estimated_saving_pct: Number | None
     # set when the saving was re-timed (analysis/savings.py)
-    estimated_range_pct: list[Number] | None = None
+    estimated_range_pct: list[Number] | None = None  # [low, high]; None: one value
     predicted_iteration_ms: Number | None = None
     estimate_basis: str | None = None
+    # the most the fix can remove per iteration (the time of the work it changes): the
+    # estimated saving never exceeds it; None where no rule bound applies
+    removable_ms: Number | None = None
 
 
 class MemorySeries(_Section, kw_only=True):

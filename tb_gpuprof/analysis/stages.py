@@ -11,6 +11,7 @@ kernel name or per host event, so the split adds no pass over the trace.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, is_not
@@ -23,19 +24,27 @@ from ..model import DATALOADER, KERNEL, MEMCPY, MEMSET, GpuActivity, Profile
 from . import columns
 from .bottleneck import (
     GLUE_MAX_US,
+    NO_GPU_VERDICT,
     HostTimeline,
     bottleneck_section,
+    compiled_code,
     gpu_intervals,
+    input_prep,
     is_host_sync,
     window_shares,
 )
-from .classify import KernelClass, classify_kernel, is_math_helper, is_tc_eligible_op
+from .classify import (
+    KernelClass,
+    classify_kernel,
+    is_math_helper,
+    is_tc_eligible_op,
+    is_transform_conv_kernel,
+)
 from .demangle import demangle
 from .intervals import Coverage, segment_sums
 from .iterations import IterationPlan, IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
-from .rules import SEVERITY_ORDER
-from .savings import retime
+from .savings import finalize, retime
 from .whatif import (
     GPU_BOUND_HOST_SCALE,
     KernelTimes,
@@ -303,7 +312,7 @@ def _new_kernel_row(a: GpuActivity, cls: KernelClass, precision: str,
         "block": list(a.block) if a.block else None,
         "registers": a.registers, "shared_mem": a.shared_mem,
         "occupancy_pct": a.occupancy, "flops": None, "bytes": None, "tflops": None,
-        "source": None,
+        "flops_basis": None, "source": None,
     }
 
 
@@ -681,8 +690,11 @@ def kernel_table(tally: Tally, op_flops: dict[int, float]) -> KernelTable:
         if not math:
             continue
         tot = sum(d for _, d, _ in math) or 1.0
+        transform = flops > 0 and any(_is_transform_conv(k) for k, _, _ in math)
         for k, d, _ in math:
             k["flops"] = (k["flops"] or 0.0) + flops * d / tot
+            if transform:
+                k["flops_basis"] = DIRECT_CONV_EQUIVALENT
 
     gpu_time = sum(k["total_us"] for k in tally.kernels.values())
     kernel_list = sorted(tally.kernels.values(), key=lambda k: -k["total_us"])
@@ -691,11 +703,32 @@ def kernel_table(tally: Tally, op_flops: dict[int, float]) -> KernelTable:
         k["pct"] = pct(k["total_us"], gpu_time)
         ops = k.pop("_ops")
         k["ops"] = [n for n, _ in sorted(ops.items(), key=lambda kv: -kv[1])[:5]]
-        if k["flops"]:
+        if not k["flops"]:
+            k["flops_basis"] = None
+        elif k["flops_basis"] is None:
+            k["flops_basis"] = "counted"
+            # only FLOPs the kernel executes make a rate of the kernel (flops_basis)
             k["tflops"] = round(k["flops"] / (k["total_us"] * 1e6), 3) if k["total_us"] else None
         for f in ("total_us", "mean_us", "min_us", "max_us"):
             k[f] = round(k[f], 3)
     return KernelTable(kernel_list, gpu_time)
+
+
+# A kernel row's flops_basis (docs/report-schema.md#kernels) when an op it shares FLOPs of ran
+# an FFT or Winograd convolution. Such a convolution does fewer multiply-adds than the direct
+# one its op's FLOPs count (and the FFT's complex arithmetic and transforms are not
+# multiply-adds of the model at all), and how many depends on tile and transform sizes cuDNN
+# picks inside the call, which no trace records. So the work done is not countable: the FLOPs
+# stay on the row as the direct convolution's equivalent (the model FLOPs MFU counts, whatever
+# the algorithm), with no TFLOP/s of the kernel, and the roofline leaves them out.
+DIRECT_CONV_EQUIVALENT = "direct_conv_equivalent"
+
+
+def _is_transform_conv(k: dict[str, Any]) -> bool:
+    """A kernel row of an FFT or Winograd convolution (its name, under a convolution op)."""
+    if not is_transform_conv_kernel(k["name"]):
+        return False
+    return k["category"] == "conv" or any("conv" in op.lower() for op in k["_ops"])
 
 
 def _share_flops(entries: FlopEntries, op_flops: dict[int, float]) -> None:
@@ -722,6 +755,23 @@ def _share_flops(entries: FlopEntries, op_flops: dict[int, float]) -> None:
     for r in np.flatnonzero(np.bincount(row, minlength=len(entries.rows))).tolist():
         k = entries.rows[r]
         k["flops"] = (k["flops"] or 0.0) + sums[r]
+    _mark_transform_ops(entries.rows, code[order], row, flops)
+
+
+def _mark_transform_ops(rows: list[dict[str, Any]], code: np.ndarray, row: np.ndarray,
+                        flops: np.ndarray) -> None:
+    """Every math row of an op with FLOPs one of whose math kernels is an FFT or Winograd
+    convolution's shares a direct-convolution equivalent (``code``/``row``: per math activity
+    its op and its row)."""
+    transform_row = np.fromiter(map(_is_transform_conv, rows), bool, len(rows))
+    if not transform_row[row].any():
+        return
+    transform_op = np.zeros(len(flops), bool)
+    transform_op[code[transform_row[row]]] = True
+    transform_op &= flops > 0
+    for r in np.flatnonzero(np.bincount(row[transform_op[code]],
+                                        minlength=len(rows))).tolist():
+        rows[r]["flops_basis"] = DIRECT_CONV_EQUIVALENT
 
 
 def unprofiled_median(unprofiled: Any) -> float | None:
@@ -822,13 +872,93 @@ def bottleneck_stage(profile: Profile, linked: Linked, windows: list[IterationWi
     section = bottleneck_section(shares, [w.step for w in windows], [w.wall_us for w in windows],
                                  unprofiled_ms=unprofiled_ms, framework=framework)
     section["sync_sites"] = sync_sites(profile, linked.launches, windows, host.blocking)
+    _forward_context(section, profile, linked, windows, host)
+    section["compiled_code"] = compiled_code(profile)
+    if not profile.gpu:  # a CPU-only run: no share of it is a GPU waiting
+        section["bound"], section["verdict"] = "no_gpu", NO_GPU_VERDICT
     return section
 
 
+def _forward_context(section: dict[str, Any], profile: Profile, linked: Linked,
+                     windows: list[IterationWindow], host: HostTimeline) -> None:
+    """What happens around each iteration's forward (in place): the syncs inside it (graph
+    breaks for torch.compile, rules/trace.py), the input's preparation before it, and on
+    ``host`` the prep pieces and the model's spans that the savings' replay reads."""
+    host_windows = linked.host_windows or windows
+    fwd = _forward_kernel_launches(profile, linked.launches)
+    section["graph_breaks"] = sync_sites(
+        profile, linked.launches, windows, host.blocking,
+        inside=_inside_forward(fwd, linked.launches, host_windows))
+    section["input_prep_ms"], prep = input_prep(
+        host, [(w.start_us, w.end_us) for w in host_windows],
+        [_first_in(fwd, w.start_us, w.end_us) for w in host_windows])
+    host.prep = Coverage(prep)  # input_pipeline's fix moves it to workers
+    host.model = Coverage(_model_spans(fwd, linked.launches, host_windows))
+
+
+def _forward_kernel_launches(profile: Profile, launches: dict[int, LaunchContext]
+                             ) -> np.ndarray:
+    """Launch times of the kernels (not copies) launched in the forward, ascending."""
+    kernels = {c for c, k in zip(columns.values(profile.gpu, "correlation"),
+                                 columns.values(profile.gpu, "kind"), strict=True)
+               if k == KERNEL}
+    return np.sort(np.array([c.launch_us for corr, c in launches.items()
+                             if c.phase == FORWARD and corr in kernels], np.float64))
+
+
+def _model_spans(fwd: np.ndarray, launches: dict[int, LaunchContext],
+                 windows: list[IterationWindow]) -> list[tuple[float, float]]:
+    """Per iteration the host span of the model's forward and backward: from its first
+    forward kernel launch to its last backward launch (its last forward kernel launch when
+    it runs no backward)."""
+    bwd = np.sort(np.array([c.launch_us for c in launches.values() if c.phase == BACKWARD],
+                           np.float64))
+    spans = []
+    for w in windows:
+        first = _first_in(fwd, w.start_us, w.end_us)
+        if first is None:
+            continue
+        lo, hi = (np.searchsorted(bwd, w.start_us), np.searchsorted(bwd, w.end_us))
+        last = float(bwd[hi - 1]) if hi > lo else float(
+            fwd[np.searchsorted(fwd, w.end_us) - 1])
+        spans.append((first, max(last, first)))
+    return spans
+
+
+def _first_in(times: np.ndarray, lo: float, hi: float) -> float | None:
+    at = int(np.searchsorted(times, lo))
+    return float(times[at]) if at < len(times) and times[at] < hi else None
+
+
+def _inside_forward(fwd: np.ndarray, launches: dict[int, LaunchContext],
+                    windows: list[IterationWindow]) -> Callable[[float], bool]:
+    """Whether a host time lies inside a forward pass: between two forward kernel launches
+    (``fwd``) of its iteration, before the iteration's first backward launch (the input's
+    copy before the model, a ``loss.item()`` after the step or gradient norms after
+    backward are not)."""
+    bwd = np.sort(np.array([c.launch_us for c in launches.values() if c.phase == BACKWARD]))
+    ws = np.array([w.start_us for w in windows])
+    we = np.array([w.end_us for w in windows])
+
+    def inside(t: float) -> bool:
+        i = int(np.searchsorted(ws, t, side="right")) - 1
+        if i < 0 or t >= we[i]:
+            return False
+        first_bwd = bwd[np.searchsorted(bwd, ws[i]):np.searchsorted(bwd, we[i])]
+        end = float(first_bwd[0]) if len(first_bwd) else float(we[i])
+        if t >= end:
+            return False
+        nxt = int(np.searchsorted(fwd, t, side="right"))
+        return bool(0 < nxt < len(fwd) and fwd[nxt - 1] >= ws[i] and fwd[nxt] < end)
+    return inside
+
+
 def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
-               windows: list[IterationWindow], blocking: set[int]) -> list[dict[str, Any]]:
+               windows: list[IterationWindow], blocking: set[int],
+               inside: Callable[[float], bool] | None = None) -> list[dict[str, Any]]:
     """Where the host blocked on the device inside the analyzed iterations: the op that did it
-    (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept."""
+    (``aten::item`` under ``.item()``/``float(t)``) and its source line when stacks were kept;
+    ``inside``: only the syncs at whose start it is true (:func:`_inside_forward`)."""
     lo, hi = windows[0].start_us, windows[-1].end_us
     sites: dict[tuple[str, str | None], list[float]] = {}
     rt = profile.runtime
@@ -837,6 +967,8 @@ def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
     at = np.flatnonzero(sync_call_mask(profile, blocking) & (starts >= lo) & (starts < hi))
     for r in map(rt.__getitem__, at.tolist()):
         ctx = launches.get(r.correlation) if r.correlation is not None else None
+        if inside is not None and not inside(r.start_us):
+            continue
         key = ((ctx.op if ctx and ctx.op else r.name), ctx.source if ctx else None)
         sites.setdefault(key, []).append(r.dur_us)
     n = max(len(windows), 1)
@@ -850,8 +982,9 @@ def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
 
 def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: HostTimeline,
                   windows: list[IterationWindow], unprofiled_ms: float | None) -> None:
-    """Re-time each recommendation's fix on a replay of the window (analysis/savings.py), then
-    order them by estimated saving, then severity (in place)."""
+    """Re-time each recommendation's fix on a replay of the window (analysis/savings.py),
+    set severity from the savings, leave out what saves nothing, and order them (in place:
+    ``report["recommendations"]`` is replaced)."""
     recs = report["recommendations"]
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
@@ -869,8 +1002,16 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
            calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
            else GPU_BOUND_HOST_SCALE,
            "un-profiled" if unprofiled_ms else "profiled")
-    recs.sort(key=lambda r: (-(r["estimated_saving_ms"] or 0.0),
-                             SEVERITY_ORDER.get(r["severity"], 3)))
+    report["recommendations"] = finalize(recs, measured, syncs_bound(report))
+
+
+def syncs_bound(report: dict[str, Any]) -> bool:
+    """Whether host syncs are the largest share of the iteration (the un-profiled shares
+    where the hook measured them)."""
+    bn = report.get("bottleneck") or {}
+    shares = bn.get("corrected_pct") or bn.get("mean_pct") or {}
+    sync = shares.get("sync") or 0.0
+    return sync > 0 and sync >= max(shares.values())
 
 
 def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline,
@@ -895,7 +1036,8 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
-                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes, times=times)
+                        end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes, times=times,
+                        prep=host.prep, model=host.model)
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -3,9 +3,12 @@
 FLOPs are what the report's kernels carry (counted from op shapes in flops.py: matmul, conv,
 attention), per iteration of the window. Achieved TFLOP/s divide them by the iteration time
 measured outside the profiler when the report knows it (``iterations.unprofiled_median_ms``),
-else by the window's median. MFU is that over the GPU's dense peak for the precision the run
-computes in, from the table in peaks.py (NVIDIA datasheets, cited in docs/roofline.md) unless the
-caller passes its own peak. Pure functions of the report; imports no framework.
+else by the window's median. MFU is that over the GPU's dense BF16 Tensor Core peak whatever
+the run's precision (peaks.mfu_reference_peak: PaLM's, Megatron's and torchtitan's convention,
+so MFU rises when a run gets faster), unless the caller passes its own peak; the utilisation
+of the precision the run computes in (over that precision's peak) is a second figure. Peaks
+come from the table in peaks.py (NVIDIA datasheets, cited in docs/roofline.md). Pure functions
+of the report; imports no framework.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 from .classify import is_math_helper
 from .live_throughput import section_scalars  # the per-iteration scalars, a leaf module
-from .peaks import GPU_PEAKS, peak_for
+from .peaks import GPU_PEAKS, mfu_reference_peak, peak_for
 
 # (label, name pattern, {precision: dense TFLOP/s}) per GPU: a view of the one table in
 # peaks.py (MFU and the roofline read the same numbers).
@@ -95,11 +98,14 @@ def throughput_section(report: dict[str, Any], *,
     else:
         iter_ms, time_source = float(it.get("median_ms") or 0.0), "window_median_ms"
     precision, precision_source = compute_precision(report)
+    gpu_name = (report.get("system") or {}).get("gpu_name")
     peak: float | None
+    peak_precision: str | None
     if peak_tflops is not None:
-        peak, peak_source = float(peak_tflops), "peak_tflops argument"
+        peak, peak_precision, peak_source = float(peak_tflops), None, "peak_tflops argument"
     else:
-        peak, peak_source = peak_for((report.get("system") or {}).get("gpu_name"), precision)
+        peak, peak_precision, peak_source = mfu_reference_peak(gpu_name)
+    precision_peak, precision_peak_source = peak_for(gpu_name, precision)
     achieved = flops / (iter_ms * 1e-3) / 1e12 if flops and iter_ms > 0 else None
     return {
         "flops_per_iteration": round(flops, 1) if flops else None,
@@ -111,9 +117,17 @@ def throughput_section(report: dict[str, Any], *,
         "precision": precision,
         "precision_source": precision_source,
         "peak_tflops": peak,
+        "peak_precision": peak_precision,
         "peak_source": peak_source,
-        "mfu_pct": round(100.0 * achieved / peak, 3) if achieved is not None and peak else None,
+        "mfu_pct": _pct(achieved, peak),
+        "precision_peak_tflops": precision_peak,
+        "precision_peak_source": precision_peak_source,
+        "precision_utilization_pct": _pct(achieved, precision_peak),
     }
+
+
+def _pct(achieved: float | None, peak: float | None) -> float | None:
+    return round(100.0 * achieved / peak, 3) if achieved is not None and peak else None
 
 
 def throughput_scalars(report: dict[str, Any], iteration_ms: float) -> dict[str, float]:

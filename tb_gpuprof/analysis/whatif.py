@@ -31,7 +31,8 @@ from .intervals import Coverage, subtract, subtract_columns
 
 # Per-kernel-class speed-ups on an H200, as (typical, low, high): the kernel runs `typical`
 # times faster after the fix; low/high bound the estimate's range. Measured by
-# benchmarks/measure_speedups.py (docs/recommendations.md has the run and its shapes).
+# benchmarks/measure_speedups.py (now `git show e6bc77a:benchmarks/measure_speedups.py`;
+# docs/recommendations.md has the run and its shapes).
 SPEEDUPS: dict[str, tuple[float, float, float]] = {
     # measured: GPU time of the class before / after, fwd+bwd (docs/recommendations.md)
     "fp32_to_tf32_gemm": (6.7, 5.0, 8.0),  # 8192x4096x4096 GEMMs, FP32 SIMT -> TF32
@@ -132,7 +133,8 @@ class Replay:
             return table.runs[key]
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
-                 "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0}
+                 "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0,
+                 "eager": host_scale}
         now, origin, host_end0 = table.host_time_column(rates)
         if per_class is not None:  # the same divisions, in numpy (IEEE: the same quotients)
             durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
@@ -296,7 +298,10 @@ def _chain_loop(begin: np.ndarray, dur: np.ndarray, ready0: float, gap: float
     return np.array(out, np.float64)
 
 
-KINDS = ("framework", "outside", "data", "copy_call", "sync")
+# "eager": framework time outside the model's forward and backward (the optimizer step, a
+# gradient norm, .item()): what torch.compile(model) leaves eager, so compile and autocast do
+# not change it
+KINDS = ("framework", "outside", "data", "copy_call", "sync", "eager")
 
 
 class _EventTable:
@@ -460,15 +465,19 @@ class KernelTimes(NamedTuple):
 def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
                  start_us: float, end_us: float, glue_max_us: float,
-                 classes: np.ndarray | None = None, times: KernelTimes | None = None
-                 ) -> Replay:
+                 classes: np.ndarray | None = None, times: KernelTimes | None = None,
+                 prep: Coverage | None = None, model: Coverage | None = None) -> Replay:
     """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
     data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
     work outside ops). In columns: the pieces' ends are picked, never computed.
 
     ``classes``: a class code per kernel, kernels of one code alike in all that
     :attr:`Fix.by_class` factors read (the tally's classes); without it the replay groups
-    the kernels itself. ``times``: the kernels' time columns, not read again."""
+    the kernels itself. ``times``: the kernels' time columns, not read again. ``prep``: the
+    op-less host time that prepares the input (bottleneck.input_prep): work outside ops
+    however short, since no glue between two of the model's ops runs there. ``model``: the
+    host spans of the model's forward and backward; framework time outside them is
+    ``eager`` (none given: all of it is the model's)."""
     whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
     d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
     sy = _minus(sy, d)
@@ -477,9 +486,20 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     taken = Coverage.of_arrays(np.concatenate([d[0], sy[0], cc[0], fw[0]]),
                                np.concatenate([d[1], sy[1], cc[1], fw[1]])).arrays()
     rest = _minus(whole, (taken[0], taken[1]))
-    rest_kind = np.where(rest[1] - rest[0] < glue_max_us, KINDS.index("framework"),
-                         KINDS.index("outside"))
-    parts = ((d, "data"), (sy, "sync"), (cc, "copy_call"), (fw, "framework"))
+    short = rest[1] - rest[0] < glue_max_us
+    if prep is not None and len(prep) and len(rest[0]):
+        short &= ~(prep.overlaps(rest[0], rest[1]) > 0)
+    rest_kind = np.where(short, KINDS.index("framework"), KINDS.index("outside"))
+    eager: _Columns = (fw[0][:0], fw[1][:0])
+    if model is not None and len(model):
+        spans = model.arrays()
+        eager = _minus(fw, (spans[0], spans[1]))
+        fw = _minus(fw, eager)
+        if len(rest[0]):
+            glue_out = short & ~(model.overlaps(rest[0], rest[1]) > 0)
+            rest_kind = np.where(glue_out, KINDS.index("eager"), rest_kind)
+    parts = ((d, "data"), (sy, "sync"), (cc, "copy_call"), (fw, "framework"),
+             (eager, "eager"))
     start = np.concatenate([p[0] for p, _ in parts] + [rest[0]])
     end = np.concatenate([p[1] for p, _ in parts] + [rest[1]])
     kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])

@@ -35,8 +35,11 @@ RUN_MANY = "many_kernels"
 RUN_OUTLIER = "warmup_outlier"
 RUN_LOOP = "gpt2_eager"  # a launch-bound loop recorded through the hook (tests/data/h200_loops)
 RUN_SYNC = "host_sync"  # per-iteration .item() syncs (tests/data/h200_loops): evidence as a table
+RUN_STALE = "stale_report"  # a report stored by an older analysis: the plugin refreshes it
+RUN_CPU = "cpu_only"  # a real CPU-only training loop through the hook, written last
 RUNS = (RUN_HOSTILE, RUN_XPLANE, RUN_MANY, RUN_KINETO, RUN_UNREADABLE, RUN_OUTLIER, RUN_LOOP,
-        RUN_SYNC)
+        RUN_SYNC, RUN_STALE, RUN_CPU)
+OLD_GENERATOR = "tb_gpuprof 0.0.9"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -85,6 +88,40 @@ def write_warmup_outlier_run(run_dir: Path) -> None:
         w.add_report(report, step=11)
 
 
+def write_stale_run(run_dir: Path) -> None:
+    """A run as an older tb_gpuprof left it: the raw trace and its context, and a report whose
+    analysis id and figures are not what the installed analysis makes of that trace."""
+    from tb_gpuprof.analysis.context import AnalysisContext
+    from tb_gpuprof.pipeline import analyse_trace
+    from tb_gpuprof.store.writer import EventWriter, save_context, save_raw_trace
+
+    trace = REPO / "tests" / "data" / "h200" / "resnet50_fp32.json.gz"
+    report = analyse_trace(str(trace))
+    report.update(generator=OLD_GENERATOR, analysis_id="0123456789abcdef", recommendations=[])
+    with EventWriter(run_dir) as w:
+        w.add_report(report, step=23)
+    save_raw_trace(run_dir, str(trace), 23)
+    save_context(run_dir, 23, AnalysisContext().to_dict())
+
+
+def write_cpu_only_run(run_dir: Path) -> None:
+    """A tiny real training loop on the CPU through GpuProfiler (no GPU activity at all)."""
+    import torch
+
+    from tb_gpuprof.torch import GpuProfiler
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+    with GpuProfiler(str(run_dir), iter_start=2, iter_stop=4, model=model, nvml=False) as prof:
+        for _ in range(6):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            prof.step()
+
+
 def write_unreadable_run(run_dir: Path) -> None:
     """A report from a future tb_gpuprof (schema_version 99): the plugin must answer 422."""
     from tb_gpuprof.store.writer import EventWriter
@@ -113,6 +150,8 @@ def browser_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--logdir", str(logdir), "--run", RUN_SYNC)
     record_fake_telemetry(logdir / RUN_KINETO)
     write_unreadable_run(logdir / RUN_UNREADABLE)
+    write_stale_run(logdir / RUN_STALE)
+    write_cpu_only_run(logdir / RUN_CPU)  # last: the most recent run, and it has no GPU work
     return logdir
 
 

@@ -1,6 +1,7 @@
 """The first screen (1600x1000, no scrolling) answers what bounds the run and what to change;
 evidence is words, units and small tables with kernel links into the Kernels view; the
-dashboard opens on the most recent run. Real Chromium, real TensorBoard, imported profiles."""
+dashboard opens on the most recent run that has GPU work. Real Chromium, real TensorBoard,
+imported profiles."""
 
 from __future__ import annotations
 
@@ -74,7 +75,10 @@ def test_first_screen_holds_verdict_fix_and_key_numbers(wide, server, run) -> No
 def test_opens_on_the_most_recent_run_in_a_stable_order(browser, server) -> None:
     runs = server.route("runs")["runs"]
     usable = [r for r in runs if r["reports"] and not r["error"]]
-    latest = max(usable, key=lambda r: max(x["wall_time"] for x in r["reports"]))["run"]
+    newest = max(usable, key=lambda r: r["wall_time"])
+    assert newest["gpu_work"] is False  # the CPU-only run, written last: not the one to open
+    with_gpu = [r for r in usable if r["gpu_work"]]
+    latest = max(with_gpu, key=lambda r: max(x["wall_time"] for x in r["reports"]))["run"]
     for _ in range(2):  # a second visit (fresh storage) opens the same run, same order
         context = browser.new_context(viewport=FIRST_SCREEN)
         try:

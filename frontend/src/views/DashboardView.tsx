@@ -119,6 +119,30 @@ export function gpuBusy(report: Report): number | null {
   return busy !== null && wall ? (100 * busy) / wall : null;
 }
 
+/** The throughput fields the MFU card reads (reports stored before peak_precision and the
+ *  precision's utilisation existed lack them: their MFU was against their own precision). */
+interface MfuFields {
+  achieved_tflops?: Num;
+  peak_tflops?: Num;
+  peak_precision?: string | null;
+  precision?: string | null;
+  precision_peak_tflops?: Num;
+  precision_utilization_pct?: Num;
+}
+
+/** "250 TFLOP/s of the 990 dense BF16 peak · 25.2% of the bf16 peak": MFU's basis, then the
+ *  utilisation of the precision in use, which is not comparable across precisions. */
+function mfuSub(throughput: unknown): string {
+  const tp = throughput as MfuFields | null | undefined;
+  if (tp?.achieved_tflops == null) return "no FLOPs counted";
+  const peak = num(tp.peak_tflops);
+  const of = peak === null ? "unknown peak"
+    : tp.peak_precision ? `the ${fmtNum(peak, 0)} dense ${tp.peak_precision.toUpperCase()} peak` : `${fmtNum(peak, 0)} peak`;
+  const own = num(tp.precision_utilization_pct);
+  const mine = own !== null && tp.precision && tp.precision !== tp.peak_precision ? ` · ${fmtPct(own)} of the ${tp.precision} peak` : "";
+  return `${fmtNum(num(tp.achieved_tflops), 1)} TFLOP/s of ${of}${mine}`;
+}
+
 /** The four numbers of the first screen: iteration time, GPU busy, Tensor Core share, MFU. */
 function KeyCards({ report }: { report: Report }) {
   const it = report.iterations ?? {};
@@ -135,7 +159,7 @@ function KeyCards({ report }: { report: Report }) {
       )}
       <Card testId="card-busy" label="GPU busy" value={fmtPct(gpuBusy(report))} sub={`${fmtUs(num(b.gpu_busy_us))} of ${fmtUs(num(b.wall_us))} wall time`} />
       <Card testId="card-tc" label="GPU time on Tensor Cores" value={fmtPct(tc.tc_pct)} sub={`Tensor Core kernels run at ${fmtPct(tc.tc_kernel_efficiency_pct)} efficiency`} />
-      <Card testId="card-mfu" label="MFU" value={fmtPct(num(tp?.mfu_pct))} sub={tp?.achieved_tflops != null ? `${fmtNum(num(tp.achieved_tflops), 1)} TFLOP/s of ${tp.peak_tflops != null ? `${fmtNum(num(tp.peak_tflops), 0)} peak` : "unknown peak"}` : "no FLOPs counted"} />
+      <Card testId="card-mfu" label="MFU" value={fmtPct(num(tp?.mfu_pct))} sub={mfuSub(tp)} />
     </div>
   );
 }
@@ -162,30 +186,43 @@ function IterationChart({ run, report, dark }: { run: RunInfo; report: Report; d
   const scalars = useAsync(() => (hasScalars && iterTag ? api.scalars(run.run, iterTag) : null), [run.run, hasScalars, iterTag]);
   const items = report.iterations?.items ?? [];
   const range = report.iterations?.range;
+  const rangeKind = report.iterations?.range_kind;
+  const windowMs = report.iterations?.median_ms;
   const option = useMemo(() => {
     const fromScalars = scalars.data?.points?.length ? scalars.data.points.map((p) => [p[0], p[2]]) : null;
     // Without scalars the chart is the profiled window itself: no band to mark; unnumbered
     // iterations are counted from 1.
     const data = fromScalars ?? items.map((it, i) => [it.step ?? i + 1, it.wall_ms]);
-    const markArea = fromScalars && range
-      ? { silent: true, itemStyle: { color: "rgba(245,124,0,0.15)" }, label: { show: true, position: "insideTop", color: COLORS.tc, formatter: () => "profiled" }, data: [[{ xAxis: range[0] }, { xAxis: range[1] }]] }
+    // The hook's wall time of a step inside the profiled window is not what the report
+    // measures for that step (issue 36: 43 ms drawn where the report measured 243 ms): the
+    // band says what the report measures, and the report's steps are drawn beside the hook's.
+    const band = fromScalars && range && rangeKind !== "index";
+    const markArea = band
+      ? { silent: true, itemStyle: { color: "rgba(245,124,0,0.15)" }, label: { show: true, position: "insideTop", color: COLORS.tc, formatter: () => `profiled window: report measures ${fmtMs(windowMs)}` }, data: [[{ xAxis: range[0] }, { xAxis: range[1] }]] }
       : undefined;
+    const measured = band ? items.filter((it) => it.step !== null && it.step !== undefined).map((it) => [it.step, it.wall_ms]) : [];
     // Warm-up iterations (cuDNN autotuning, compilation) can be 100x the rest and flatten the
     // curve: cap the axis at 4x the median and say how many points lie above it.
     const values = data.map((p) => p[1] as number).filter((v) => Number.isFinite(v)).sort((a, b) => a - b);
     const median = values.length ? values[Math.floor(values.length / 2)] : 0;
-    const cap = median > 0 && values[values.length - 1] > 4 * median ? Math.ceil(4 * median) : undefined;
+    // (never below what the report measures for the window: those points must stay readable)
+    const measuredMax = Math.max(0, ...measured.map((p) => p[1] as number).filter((v) => Number.isFinite(v)));
+    const cap = median > 0 && values[values.length - 1] > Math.max(4 * median, measuredMax) ? Math.ceil(Math.max(4 * median, measuredMax * 1.1)) : undefined;
     return {
       clipped: cap === undefined ? 0 : values.filter((v) => v > cap).length,
       cap,
-      grid: { left: 56, right: 16, top: 24, bottom: 40 },
+      grid: { left: 56, right: 16, top: measured.length ? 40 : 24, bottom: 40 },
       tooltip: { trigger: "axis", valueFormatter: (v: number) => fmtMs(v) },
       xAxis: { type: "value", name: fromScalars ? "step" : "iteration", nameLocation: "middle", nameGap: 26, min: "dataMin", max: "dataMax", minInterval: 1 },
       yAxis: { type: "value", name: "ms", scale: true, max: cap },
       dataZoom: [{ type: "inside" }],
-      series: [{ type: "line", name: "iteration time", data, showSymbol: data.length < 60, color: COLORS.nonTc, markArea }],
+      legend: measured.length ? { top: 0, right: 0 } : undefined,
+      series: [
+        { type: "line", name: fromScalars ? "iteration time (hook)" : "iteration time", data, showSymbol: data.length < 60, color: COLORS.nonTc, markArea },
+        ...(measured.length ? [{ type: "line", name: "as the report measures it", data: measured, color: COLORS.tc, showSymbol: true, symbolSize: 7, lineStyle: { type: "dashed" } }] : []),
+      ],
     };
-  }, [scalars.data, items, range]);
+  }, [scalars.data, items, range, rangeKind, windowMs]);
   if (hasScalars && scalars.error) return <ErrorBox what="iteration-time scalars" error={scalars.error} />;
   if (hasScalars && scalars.loading && !scalars.data) return <Loading />;
   if (!hasScalars && !items.length) return <Empty>no iteration times recorded for this run</Empty>;

@@ -6,6 +6,22 @@ import { fmtMs, fmtNum } from "../format";
 import type { Report } from "../types";
 import { BREAKDOWN_PARTS } from "./DashboardView";
 
+type Iterations = Report["iterations"] | null | undefined;
+
+/** " (steps 20–22)" when the window's iterations carry step numbers. */
+function windowSteps(it: Iterations): string {
+  const r = it?.range;
+  return r && it?.range_kind !== "index" ? ` (steps ${r[0]}–${r[1]})` : "";
+}
+
+/** These bars are the window as the report measures it, under the profiler: say how that
+ *  compares with the iterations outside it, which the always-on chart draws. */
+function unprofiledNote(it: Iterations): string {
+  const outside = it?.unprofiled_median_ms;
+  if (outside == null || it?.median_ms == null) return "";
+  return ` · median ${fmtMs(it.median_ms)} here, ${fmtMs(outside)} outside the window`;
+}
+
 export function IterationsView({ report, dark }: { report: Report; dark: boolean }) {
   const it = report.iterations;
   const items = it?.items ?? [];
@@ -32,7 +48,7 @@ export function IterationsView({ report, dark }: { report: Report; dark: boolean
   const phases = report.phases as Record<string, unknown> | null | undefined;
   return (
     <div data-testid="view-iterations">
-      <Panel title="Time per iteration" extra={<span class="muted">{fmtNum(items.length)} iterations, found by {it?.method ?? "?"}{it?.key ? ` (${it.key})` : ""}</span>}>
+      <Panel title="Time per iteration" extra={<span class="muted">{fmtNum(items.length)} iterations of the profiled window{windowSteps(it)}, found by {it?.method ?? "?"}{it?.key ? ` (${it.key})` : ""}{unprofiledNote(it)}</span>}>
         <Chart option={option} dark={dark} height={320} label="per-iteration time breakdown" testId="iterations-chart" />
       </Panel>
       {phases ? (

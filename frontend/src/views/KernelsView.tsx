@@ -3,9 +3,44 @@
 import { useEffect, useState } from "preact/hooks";
 import { api } from "../api";
 import { Empty, ErrorBox, Loading, useAsync } from "../components";
-import { fmtNum } from "../format";
-import { ALL_COLUMNS, KernelTable } from "../kernelTable";
-import type { Report } from "../types";
+import { DASH, fmtNum, fmtSi } from "../format";
+import { ALL_COLUMNS, type Column, KernelTable } from "../kernelTable";
+import type { Kernel, Report } from "../types";
+
+// What a row's FLOPs are (kernels[].flops_basis, docs/report-schema.md#kernels-flops): only
+// "counted" FLOPs are the kernel's work, so only they have a rate (the backend leaves tflops
+// null for the others) and a place on the roofline.
+const BASIS_NOTE: Record<string, { tag: string; why: string }> = {
+  direct_conv_equivalent: {
+    tag: "direct-conv equiv.",
+    why: "FFT/Winograd convolution: the FLOPs a direct convolution would do, not the work this kernel did (that depends on transform sizes cuDNN does not record); no TFLOP/s, not on the roofline",
+  },
+  over_pipe_peak: {
+    tag: "not its work",
+    why: "its op's FLOPs would put this kernel above the peak of the pipe it runs on, so they are not its work; no TFLOP/s, not on the roofline",
+  },
+};
+
+function flopsCell(k: Kernel) {
+  const note = BASIS_NOTE[k.flops_basis ?? ""];
+  if (!note) return fmtSi(k.flops, "FLOP");
+  return (
+    <span title={note.why} data-basis={k.flops_basis}>
+      {fmtSi(k.flops, "FLOP")} <span class="muted">{note.tag}</span>
+    </span>
+  );
+}
+
+function tflopsCell(k: Kernel) {
+  const note = BASIS_NOTE[k.flops_basis ?? ""];
+  return note ? <span class="muted" title={note.why}>{DASH}</span> : fmtNum(k.tflops, 1);
+}
+
+const KERNEL_COLUMNS: Column[] = ALL_COLUMNS.map((c) => {
+  if (c.key === "flops") return { ...c, title: "FLOPs of the ops that launched it, split over their kernels by time", cell: flopsCell };
+  if (c.key === "tflops") return { ...c, title: "FLOPs it executed per second of its time; never above the peak of its pipe (Tensor Cores of its precision, or CUDA cores)", cell: tflopsCell };
+  return c;
+});
 
 const TEXT_COLUMNS = new Set(["name", "precision", "category", "ops", "source"]);
 const PAGE_SIZES = [50, 100, 250];
@@ -98,7 +133,7 @@ export function KernelsView({ run, step, report, initialQuery = "" }: Props) {
       {page.data && !shown.length ? <Empty>no kernel matches these filters</Empty> : null}
       {shown.length ? (
         <div aria-busy={page.loading}>
-          <KernelTable kernels={shown} columns={ALL_COLUMNS} sort={sort} order={order} onSort={onSort} testId="kernels-table" />
+          <KernelTable kernels={shown} columns={KERNEL_COLUMNS} sort={sort} order={order} onSort={onSort} testId="kernels-table" />
         </div>
       ) : null}
       {page.data ? (

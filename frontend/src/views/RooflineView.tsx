@@ -47,7 +47,7 @@ interface Props {
 export function RooflineView({ report, openKernels }: Props) {
   const rf = report.roofline;
   const [picked, setPicked] = useState<number | null>(null);
-  if (!rf) return <Empty>this report was written before the roofline existed: re-import the trace (tb-gpuprof import) to get one</Empty>;
+  if (!rf) return <Empty>this report was made before the roofline existed and its run holds no raw trace to rebuild it from (reports with a stored trace are rebuilt by the installed analysis)</Empty>;
   // log axes place only positive values (the backend plots only such points)
   const pts = rf.points.filter((p) => p.intensity > 0 && p.achieved_tflops > 0);
   const leftOut = rf.kernels_total - rf.kernels_plotted;

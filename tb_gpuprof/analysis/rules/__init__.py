@@ -33,6 +33,9 @@ class Rule:
     name: str  # unique; the recommendation's id unless two rules give the same advice
     check: Callable[[RuleInput], Rec | None]
     supersedes: tuple[str, ...] = ()
+    # advice read from the trace's GPU work: silent on a trace with no GPU activity at all
+    # (a CPU-only run)
+    needs_gpu: bool = True
 
 
 def _on_report(fn: Callable[[dict[str, Any]], Rec | None]) -> Callable[[RuleInput], Rec | None]:
@@ -50,22 +53,33 @@ RULES: tuple[Rule, ...] = (
            ("nvml_batch_size",) if fn in (trace.rule_batch_size, trace.rule_input_pipeline)
            else ())
       for fn in trace.TRACE_RULES),
-    Rule("communication", _on_report(distributed.rule_communication)),
-    Rule("distributed_backend", _on_report(distributed.rule_distributed_backend)),
-    Rule("throttling", _on_telemetry(nvml.throttling_advice)),
-    Rule("nvml_batch_size", _on_telemetry(nvml.batch_size_advice)),
-    Rule("gpu_placement", lambda inp: nvml.gpu_placement_advice(inp.topology)),
+    Rule("communication", _on_report(distributed.rule_communication), needs_gpu=False),
+    Rule("distributed_backend", _on_report(distributed.rule_distributed_backend),
+         needs_gpu=False),
+    # NVML's rules judge the GPUs' own telemetry and topology, not the trace: a trace
+    # without GPU activity (CUDA activity not recorded) does not silence them
+    Rule("throttling", _on_telemetry(nvml.throttling_advice), needs_gpu=False),
+    Rule("nvml_batch_size", _on_telemetry(nvml.batch_size_advice), needs_gpu=False),
+    Rule("gpu_placement", lambda inp: nvml.gpu_placement_advice(inp.topology),
+         needs_gpu=False),
 )
+
+
+def has_gpu_activity(report: dict[str, Any]) -> bool:
+    """Whether the window holds any GPU work (kernels, copies, memsets)."""
+    return bool(report.get("kernels")) or bool(report.get("gpu_time_us"))
 
 
 def recommend(report: dict[str, Any], topology: dict[str, Any] | None = None,
               rules: tuple[Rule, ...] = RULES) -> list[Rec]:
     """The recommendations that fire and are not superseded, largest saving first."""
     inp = RuleInput(report, topology)
-    fired = [(rule, rec) for rule in rules if (rec := rule.check(inp)) is not None]
+    gpu = has_gpu_activity(report)
+    fired = [(rule, rec) for rule in rules
+             if (gpu or not rule.needs_gpu) and (rec := rule.check(inp)) is not None]
     dropped = {name for rule, _ in fired for name in rule.supersedes}
     return by_saving([rec for rule, rec in fired if rule.name not in dropped])
 
 
-__all__ = ["RULES", "SEVERITY_ORDER", "Rule", "RuleInput", "by_saving", "recommend",
-           "recommendation"]
+__all__ = ["RULES", "SEVERITY_ORDER", "Rule", "RuleInput", "by_saving", "has_gpu_activity",
+           "recommend", "recommendation"]

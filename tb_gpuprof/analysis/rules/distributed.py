@@ -57,7 +57,8 @@ def rule_communication(report: dict[str, Any]) -> dict[str, Any] | None:
                  "overlap_pct": section.get("overlap_pct"),
                  "top_collectives": [c["name"] for c in section.get("collectives") or []][:3]},
                 COMMUNICATION_FIX, round(exposed * COMMUNICATION_SAVING, 3),
-                (report.get("iterations") or {}).get("mean_ms"))
+                (report.get("iterations") or {}).get("mean_ms"),
+                exposed)  # at best no collective is exposed
 
 
 def _uses_nccl(backend: str) -> bool:

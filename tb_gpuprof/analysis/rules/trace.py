@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..bottleneck import COMPILED_KERNEL_PREFIXES
 from .build import recommendation
 
 # Shares are of total GPU time in the analyzed window unless named otherwise.
@@ -17,6 +18,12 @@ TF32_MIN_FP32_ELIGIBLE_PCT = 10.0
 AMP_MIN_FP32_FAMILY_PCT = 15.0
 CHANNELS_LAST_MIN_LAYOUT_PCT = 3.0
 INPUT_PIPELINE_MIN_WAIT_PCT = 5.0  # data-loader wait + host work outside ops, of the iteration
+# host work before the forward (bottleneck.input_prep_ms), of the profiled iteration. On the
+# H200 loops that prepare nothing in the loop it is 0.1-3.3% (the loop's own Python between
+# steps); Lightning's machinery before its forward reads 20%, and the re-timing then drops
+# the advice (confirm_min_pct: hidden under a GPU-bound step). A tenth of the step is where
+# moving the work to DataLoader workers is worth a change of code.
+INPUT_PREP_MIN_PCT = 10.0
 PINNED_MIN_COPY_PCT = 5.0  # pageable host-to-device copies, of the iteration
 PINNED_H2D_GBPS = 50.0  # pinned host-to-device copy rate (H200, PCIe 5: 56 GB/s measured)
 HOST_SYNC_MIN_PCT = 8.0  # host/GPU overlap that per-iteration syncs prevent, of the iteration
@@ -73,9 +80,23 @@ def _framework(report: dict[str, Any]) -> str | None:
 
 
 def _rec(rid: str, severity: str, title: str, problem: str, evidence: dict[str, Any],
-         fix: dict[str, str], saving_ms: float | None, report: dict[str, Any]) -> dict[str, Any]:
+         fix: dict[str, str], saving_ms: float | None, report: dict[str, Any],
+         removable_ms: float | None = None) -> dict[str, Any]:
     return recommendation(rid, severity, title, problem, evidence, fix, saving_ms,
-                          report["iterations"].get("mean_ms") or 0.0)
+                          report["iterations"].get("mean_ms") or 0.0, removable_ms)
+
+
+def _compiled(report: dict[str, Any]) -> bool:
+    """torch.compile, XLA or CUDA graphs already run: from the hook's flags or the trace."""
+    flags = _flags(report)
+    if flags.get("compiled") or flags.get("jit_compile") or _framework(report) == "jax":
+        return True
+    if report["source"]["format"] == "xplane" and _framework(report) is None:
+        return True  # XLA programs are already compiled
+    if (report.get("bottleneck") or {}).get("compiled_code"):
+        return True  # Inductor's Triton kernels, compiled regions, CUDA graph launches
+    # a report stored before compiled_code: its kernel table still names Inductor's kernels
+    return any(k["name"].startswith(COMPILED_KERNEL_PREFIXES) for k in report["kernels"])
 
 
 def _tf32_on(flags: dict[str, Any]) -> bool | None:
@@ -103,6 +124,7 @@ def rule_tf32(report: dict[str, Any]) -> dict[str, Any] | None:
     if share < TF32_MIN_FP32_ELIGIBLE_PCT:
         return None
     saving = _per_iter_ms(report, fp32 * (1 - 1 / TF32_SPEEDUP))
+    removable = _per_iter_ms(report, fp32)  # at best the FP32 matrix kernels take no time
     override = flags.get("nvidia_tf32_override") == "0"
     problem = (f"{share}% of GPU time is FP32 matrix math (GEMM/convolution) on CUDA cores, "
                "not Tensor Cores: TF32 runs it on Tensor Cores with FP32 range and storage.")
@@ -124,7 +146,7 @@ def rule_tf32(report: dict[str, Any]) -> dict[str, Any] | None:
                           "'tensorfloat32')",
                  "jax": "jax.config.update('jax_default_matmul_precision', 'tensorfloat32')\n"
                         "# or per call: jnp.dot(a, b, precision=jax.lax.Precision.DEFAULT)"},
-                saving, report)
+                saving, report, removable)
 
 
 def rule_amp(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -149,6 +171,17 @@ def rule_amp(report: dict[str, Any]) -> dict[str, Any] | None:
                              ("norm", "elementwise", "reduction"))
     saving = _per_iter_ms(report, base * (1 - 1 / AMP_SPEEDUP)
                           + fp32_memory_bound * AMP_MEMORY_BOUND_SAVING)
+    # the kernels AMP moves (savings.fix_amp): FP32/TF32 matrix math, FP32 memory-bound ones
+    # (dtype-less ones too where nothing runs in half precision); its autocast casts only
+    # add host time
+    unknown_is_fp32 = not any(k["precision"] in ("fp16", "bf16", "fp8")
+                              for k in report["kernels"])
+    moved = _sum(report, lambda k: _is_fp32_simt_eligible(k)
+                 or (k["uses_tensor_cores"] and k["precision"] in ("tf32", "fp32")
+                     and k["category"] in ("gemm", "conv", "attention"))
+                 or ((k["precision"] == "fp32" or (unknown_is_fp32
+                                                    and k["precision"] == "unknown"))
+                     and k["category"] in ("norm", "elementwise", "reduction")))
     return _rec("amp", "high" if share >= 40 else "medium",
                 "Use automatic mixed precision (FP16/BF16 Tensor Cores)",
                 f"{share}% of GPU time is matrix math in FP32/TF32 "
@@ -165,7 +198,7 @@ def rule_amp(report: dict[str, Any]) -> dict[str, Any] | None:
                  "jax": "# compute in bfloat16, keep fp32 master weights:\n"
                         "logits = model.apply(jax.tree.map(lambda p: p.astype(jnp.bfloat16), "
                         "params), x.astype(jnp.bfloat16))"},
-                saving, report)
+                saving, report, _per_iter_ms(report, moved))
 
 
 def rule_channels_last(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -178,6 +211,11 @@ def rule_channels_last(report: dict[str, Any]) -> dict[str, Any] | None:
     share = _pct(layout, gpu)
     if share < CHANNELS_LAST_MIN_LAYOUT_PCT or conv <= 0:
         return None
+    # what NHWC changes (savings.fix_channels_last): layout transforms, half-precision
+    # norm/pooling and convolutions
+    changed = _sum(report, lambda k: k["category"] == "layout" or (
+        k["precision"] in ("fp16", "bf16") and (k["category"] in ("norm", "conv")
+                                                or "pool" in k["name"].lower())))
     return _rec("channels_last", "high" if share >= 10 else "medium",
                 "Use channels_last (NHWC) memory format for convolutions",
                 f"{share}% of GPU time goes to layout transforms (NCHW<->NHWC) around "
@@ -192,7 +230,7 @@ def rule_channels_last(report: dict[str, Any]) -> dict[str, Any] | None:
                           "\nkeras.config.set_image_data_format('channels_last')",
                  "jax": "# use NHWC inputs and lax.conv_general_dilated(..., "
                         "dimension_numbers=('NHWC', 'HWIO', 'NHWC'))"},
-                _per_iter_ms(report, layout), report)
+                _per_iter_ms(report, layout), report, _per_iter_ms(report, changed))
 
 
 def _bound_ms(report: dict[str, Any]) -> dict[str, float]:
@@ -224,6 +262,13 @@ def _pageable_h2d(report: dict[str, Any]) -> tuple[float, float]:
     return us, nbytes
 
 
+def _input_prep(report: dict[str, Any]) -> tuple[float, float]:
+    """(ms, % of the profiled iteration) of host work before each forward: data fetches and
+    op-less Python (bottleneck.input_prep), whether or not the GPU idled meanwhile."""
+    prep = (report.get("bottleneck") or {}).get("input_prep_ms") or 0.0
+    return prep, _pct(prep, report["iterations"].get("mean_ms") or 0.0)
+
+
 def rule_input_pipeline(report: dict[str, Any]) -> dict[str, Any] | None:
     if not _gpu_us(report):
         return None  # a CPU-only trace says nothing about a GPU waiting
@@ -235,7 +280,13 @@ def rule_input_pipeline(report: dict[str, Any]) -> dict[str, Any] | None:
     host = ms.get("host", 0.0)
     share = pct.get("data_wait", 0.0) + pct.get("host", 0.0)
     hook_share = _pct(wait_ms, iter_ms) if wait_ms and iter_ms else 0.0
-    if max(share, hook_share) < INPUT_PIPELINE_MIN_WAIT_PCT:
+    prep_ms, prep_share = _input_prep(report)
+    exposed = max(share, hook_share) >= INPUT_PIPELINE_MIN_WAIT_PCT
+    # Host work before the forward delays every launch after it when the host sets the pace,
+    # even while the GPU still runs the last step's queue (then the bottleneck shows the GPU
+    # busy, not waiting): from INPUT_PREP_MIN_PCT of the iteration it is worth moving, and
+    # the re-timed saving decides (evidence confirm_min_pct: a saturated GPU hides it).
+    if not exposed and prep_share < INPUT_PREP_MIN_PCT:
         return None
     where = []
     if loader >= host and loader > 0:
@@ -248,21 +299,30 @@ def rule_input_pipeline(report: dict[str, Any]) -> dict[str, Any] | None:
     copy = ms.get("copy", 0.0)
     if copy > 0.05:
         where.append(f"{round(copy, 1)} ms of host-to-device copies")
+    if not exposed or prep_ms > loader + host:
+        where.append(f"{round(prep_ms, 1)} ms ({prep_share}%) of host work before each "
+                     "forward, in data fetches and Python outside framework ops (collate, "
+                     "padding, tokenisation), which delays every launch after it")
     if not where:
         where.append(f"{round(wait_ms, 1)} ms waiting for each batch (hook timing)")
-    top = max(share, hook_share)
-    saving = round(max(loader + host, wait_ms), 3)
-    no_loader = host > loader
+    top = max(share, hook_share, prep_share)
+    # the most it can remove: the exposed waits, the hook's measured wait, the prep work
+    removable = round(max(loader + host, wait_ms, prep_ms), 3)
+    saving = round(max(loader + host, wait_ms), 3) if exposed else None
+    no_loader = host > loader or (not exposed and not loader)
     return _rec("input_pipeline", "high" if top >= 20 else "medium",
                 "Feed the GPU faster: preparing the input stalls training",
-                f"The GPU waits for input {top}% of each iteration: " + "; ".join(where) + "."
+                f"Preparing the input takes {top}% of each iteration: " + "; ".join(where) + "."
                 + (" The batches are prepared in the training loop itself: move that work into "
                    "a Dataset and let DataLoader workers do it ahead of the GPU." if no_loader
                    else ""),
                 {"data_loader_wait_ms": round(loader, 3), "host_outside_ops_ms": round(host, 3),
                  "copy_ms": round(copy, 3), "input_bound_pct": round(top, 1),
-                 "hook_data_wait_ms": round(wait_ms, 3) if wait_ms else None},
-                {"pytorch": ("# do the per-sample work (decode, augment, tokenise) in a Dataset\n"
+                 "hook_data_wait_ms": round(wait_ms, 3) if wait_ms else None,
+                 "input_prep_ms": round(prep_ms, 3),
+                 "confirm_min_pct": None if exposed else INPUT_PIPELINE_MIN_WAIT_PCT},
+                {"pytorch": ("# do the per-sample work (decode, augment, tokenise, collate) in a "
+                             "Dataset\n"
                              "loader = DataLoader(ds, batch_size=..., num_workers=8, "
                              "pin_memory=True,\n"
                              "                    persistent_workers=True, prefetch_factor=4)\n"
@@ -274,7 +334,7 @@ def rule_input_pipeline(report: dict[str, Any]) -> dict[str, Any] | None:
                  "jax": "# prepare batches in a background thread or grain/tf.data workers and\n"
                         "# prefetch them to the device, e.g. flax.jax_utils.prefetch_to_device("
                         "it, 2)"},
-                saving, report)
+                saving, report, removable)
 
 
 def rule_pinned_memory(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -305,7 +365,7 @@ def rule_pinned_memory(report: dict[str, Any]) -> dict[str, Any] | None:
                           "tf.data.experimental.prefetch_to_device('/gpu:0'))",
                  "jax": "# jax.device_put the next batch while this step runs (prefetch "
                         "ahead), e.g. flax.jax_utils.prefetch_to_device(it, 2)"},
-                saving, report)
+                saving, report, per_iter)
 
 
 def rule_host_sync(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -321,6 +381,9 @@ def rule_host_sync(report: dict[str, Any]) -> dict[str, Any] | None:
     refill = ms.get("sync", 0.0)  # GPU idle right after a sync: queued work would hide it
     exposed = ms.get("dispatch", 0.0) + ms.get("host", 0.0)
     saving = round(refill + min(blocked, exposed), 3)
+    # Without the syncs the host runs ahead: what goes is the GPU's idle after each sync and
+    # the host's time blocked in them, no more.
+    removable = round(refill + blocked, 3)
     iter_ms = _iteration_ms(report)
     share = _pct(saving, iter_ms)
     if share < HOST_SYNC_MIN_PCT:
@@ -345,7 +408,7 @@ def rule_host_sync(report: dict[str, Any]) -> dict[str, Any] | None:
                  "keras": "# log less often: model.fit(..., steps_per_execution=N); avoid "
                           "numpy() on tensors inside train_step",
                  "jax": "# keep metrics as device arrays; jax.device_get them every N steps"},
-                saving, report)
+                saving, report, removable)
 
 
 def rule_batch_size(report: dict[str, Any]) -> dict[str, Any] | None:
@@ -381,14 +444,26 @@ def rule_batch_size(report: dict[str, Any]) -> dict[str, Any] | None:
                 None, report)
 
 
+def _graph_breaks(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    """The forward's host syncs (bottleneck.graph_breaks: ``.item()``, ``nonzero``, DtoH
+    copies inside the forward) and the share of the work torch.compile can capture.
+
+    Discount model: each break inside the forward ends a graph, so n breaks make n + 1
+    graphs; after a data-dependent break (routing by ``nonzero``, a value read by ``.item()``)
+    the shapes change from step to step and the later graphs recompile or fall back to
+    eager, so only the first graph counts as compiled. Breaks of per-layer syncs come once
+    per layer, so the graphs are taken as equal in time: the compilable share is the
+    forward's time before its first break, 1 / (n + 1) of it."""
+    breaks = (report.get("bottleneck") or {}).get("graph_breaks") or []
+    n = sum(b["count_per_iteration"] for b in breaks)
+    return breaks, round(1.0 / (1.0 + n), 3)
+
+
 def rule_compile(report: dict[str, Any]) -> dict[str, Any] | None:
-    flags = _flags(report)
-    if flags.get("compiled") or flags.get("jit_compile") or _framework(report) == "jax":
-        return None
+    if _compiled(report):
+        return None  # torch.compile, XLA or CUDA graphs already run (flags or the trace)
     if not _gpu_us(report):
         return None  # no GPU work in the trace: nothing to say about launch overhead
-    if report["source"]["format"] == "xplane" and _framework(report) is None:
-        return None  # XLA programs are already compiled
     ms = _bound_ms(report)
     pct = _bound_pct(report)
     dispatch_pct = pct.get("dispatch", 0.0)
@@ -404,31 +479,41 @@ def rule_compile(report: dict[str, Any]) -> dict[str, Any] | None:
                    and per_iter >= COMPILE_MIN_KERNELS_PER_ITER)
     if not (fires_host or fires_small):
         return None
-    saving = round(ms.get("dispatch", 0.0) * COMPILE_HOST_IDLE_SAVING
-                   + (_per_iter_ms(report, small * COMPILE_SMALL_KERNEL_SAVING)
-                      if gpu_bound else 0.0), 3)
-    host_bound = dispatch_pct
+    breaks, compilable = _graph_breaks(report)
+    saving = round(compilable * (ms.get("dispatch", 0.0) * COMPILE_HOST_IDLE_SAVING
+                                 + (_per_iter_ms(report, small * COMPILE_SMALL_KERNEL_SAVING)
+                                    if gpu_bound else 0.0)), 3)
+    # at best the GPU's idle while the host dispatches and the fusable kernels both go
+    removable = round(ms.get("dispatch", 0.0) + _per_iter_ms(report, small), 3)
+    problem = (f"{dispatch_pct}% of each iteration the GPU idles while the host dispatches "
+               "ops and launches kernels one by one, "
+               f"and {small_pct}% of GPU time is {round(per_iter)} small elementwise/"
+               "reduction/norm kernels per iteration: a compiler fuses them and replays "
+               "launches (XLA, torch.compile, CUDA graphs).")
+    if breaks:
+        named = ", ".join(f"{b['op']} x{b['count_per_iteration']:g}"
+                          + (f" at {b['source']}" if b.get("source") else "")
+                          for b in breaks[:3])
+        problem += (f" The forward synchronizes with the host ({named} per iteration): each "
+                    "is a graph break, data-dependent control flow that torch.compile cannot "
+                    f"capture, so the estimate counts {round(100 * compilable)}% of the work "
+                    "as compilable; keep routing and values on the device to compile more.")
     return _rec("compile", "medium",
-                "Compile the model: fuse small kernels and cut launch overhead",
-                f"{host_bound}% of each iteration the GPU idles while the host dispatches ops "
-                "and launches kernels one by one, "
-                f"and {small_pct}% of GPU time is {round(per_iter)} small elementwise/"
-                "reduction/norm kernels per iteration: a compiler fuses them and replays "
-                "launches (XLA, torch.compile, CUDA graphs).",
-                {"dispatch_pct": host_bound, "small_kernel_pct": small_pct,
-                 "kernels_per_iteration": round(per_iter)},
+                "Compile the model: fuse small kernels and cut launch overhead", problem,
+                {"dispatch_pct": dispatch_pct, "small_kernel_pct": small_pct,
+                 "kernels_per_iteration": round(per_iter),
+                 "graph_breaks": [b["op"] for b in breaks[:5]],
+                 "compilable_share": compilable},
                 {"pytorch": "model = torch.compile(model)  # mode='max-autotune' adds CUDA graphs",
                  "keras": "model.compile(..., jit_compile=True)  # XLA",
                  "jax": "step = jax.jit(step)  # jit the whole training step, not pieces"},
-                saving, report)
+                saving, report, removable)
 
 
 def rule_dispatch_overhead(report: dict[str, Any]) -> dict[str, Any] | None:
     """Dispatch-bound where a compiler already runs (XLA, torch.compile): each step is one or
     a few launches, and the host's per-step work is what the GPU waits for."""
-    flags = _flags(report)
-    compiled = (flags.get("compiled") or flags.get("jit_compile") or _framework(report) == "jax"
-                or (report["source"]["format"] == "xplane" and _framework(report) is None))
+    compiled = _compiled(report)
     pct = _bound_pct(report)
     share = pct.get("dispatch", 0.0)
     if not compiled or not _gpu_us(report) or share < COMPILE_MIN_HOST_BOUND_PCT:
@@ -452,7 +537,8 @@ def rule_dispatch_overhead(report: dict[str, Any]) -> dict[str, Any] | None:
                  "jax": "# scan several micro-steps inside one jitted call:\n"
                         "params = jax.lax.fori_loop(0, 8, lambda i, p: step(p, batches[i]), "
                         "params)"},
-                round(ms.get("dispatch", 0.0) * COMPILE_HOST_IDLE_SAVING, 3), report)
+                round(ms.get("dispatch", 0.0) * COMPILE_HOST_IDLE_SAVING, 3), report,
+                ms.get("dispatch", 0.0))
 
 
 TRACE_RULES: list[Callable[[dict[str, Any]], dict[str, Any] | None]] = [
