@@ -115,7 +115,8 @@ def current_report(run_dir: str, stored: dict[str, Any], step: int, rank: int | 
         return _with_warning(stored, f"this report was made by an older analysis "
                                      f"({stored.get('generator')}) and rebuilding it from the "
                                      f"run's raw trace failed: {e}")
-    save_refreshed_report(run_dir, step, rank, {"key": cache_key, "report": report})
+    if stale:  # a current report is read as stored: nothing to cache
+        save_refreshed_report(run_dir, step, rank, {"key": cache_key, "report": report})
     return report
 
 

@@ -142,3 +142,7 @@ def test_a_hook_run_rebuilt_from_its_context_is_the_report_the_hook_stored(tmp_p
     assert context["env"]["unprofiled"]["count"] >= 1  # the iterations outside the window
     assert run_report(str(run)) == stored  # current: returned as stored
     assert run_report(str(run), reanalyze=True) == stored
+    # byte for byte as the CLI prints them (key order included), and no cache for it
+    as_stored = run_cli("report", str(run), "--format", "json").stdout
+    assert run_cli("report", str(run), "--reanalyze", "--format", "json").stdout == as_stored
+    assert not list(run.rglob("reports"))

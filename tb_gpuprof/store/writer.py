@@ -237,7 +237,8 @@ def save_context(run_dir: str | os.PathLike[str], step: int, context: dict[str, 
     run can be re-analysed later with all of it (tb_gpuprof/pipeline.py); its path."""
     dest = os.path.join(traces_dir(run_dir, step, rank), layout.CONTEXT_FILE_NAME)
     try:
-        _write_atomically(dest, json.dumps(context, default=str, sort_keys=True).encode())
+        # in the order it was recorded: a re-analysis then rebuilds the report byte for byte
+        _write_atomically(dest, json.dumps(context, default=str).encode())
     except OSError as e:
         raise TraceReadError(dest, f"cannot write the analysis context: {e.strerror or e}") \
             from None
