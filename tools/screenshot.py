@@ -69,8 +69,9 @@ def wait_for_run(base: str, run: str | None, timeout: float = 180.0) -> str:
                      f"{timeout:.0f}s")
 
 
-def capture(base: str, run: str, out: str, view: str, width: int, dark: bool,
-            chromium: str, height: int | None = None) -> None:
+def capture(base: str, run: str | None, out: str, view: str, width: int, dark: bool,
+            chromium: str, height: int | None = None) -> str:
+    """Screenshot ``view`` of ``run`` (None: the run the dashboard opens on); that run."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -84,7 +85,10 @@ def capture(base: str, run: str, out: str, view: str, width: int, dark: bool,
                                         state="attached", timeout=120_000)
         frame = iframe.content_frame()
         frame.wait_for_selector("[data-testid=gpuprof-root]", timeout=60_000)
-        frame.select_option("[data-testid=run-select]", run)
+        frame.wait_for_selector("[data-testid=view-dashboard]", timeout=120_000)
+        if run is not None:
+            frame.select_option("[data-testid=run-select]", run)
+        shown = frame.locator("[data-testid=run-select]").input_value()
         frame.click(f"nav.tabs button[data-tab={view}]")
         frame.wait_for_selector(f"[data-testid=view-{view}]", timeout=60_000)
         page.wait_for_timeout(1500)  # charts draw in effects after the first paint
@@ -95,13 +99,15 @@ def capture(base: str, run: str, out: str, view: str, width: int, dark: bool,
             page.wait_for_timeout(800)  # charts resize to the new size
         page.screenshot(path=out)
         browser.close()
+    return shown
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description="Screenshot of the gpuprof dashboard in TensorBoard")
     ap.add_argument("logdir")
     ap.add_argument("out", help="PNG file to write")
-    ap.add_argument("--run", default=None, help="run to show (default: the first readable)")
+    ap.add_argument("--run", default=None,
+                    help="run to show (default: the one the dashboard opens on)")
     ap.add_argument("--view", choices=VIEWS, default="dashboard")
     ap.add_argument("--width", type=int, default=1440)
     ap.add_argument("--height", type=int, default=None,
@@ -120,9 +126,9 @@ def main() -> int:
         log_path = log.name
     proc, base = start_tensorboard(args.logdir, log_path)
     try:
-        run = wait_for_run(base, args.run)
-        capture(base, run, args.out, args.view, args.width, args.dark, args.chromium,
-                args.height)
+        wait_for_run(base, args.run)
+        shown = capture(base, args.run, args.out, args.view, args.width, args.dark,
+                        args.chromium, args.height)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -130,7 +136,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
         os.unlink(log_path)
-    print(f"wrote {args.out} (run {run}, view {args.view})")
+    print(f"wrote {args.out} (run {shown}, view {args.view})")
     return 0
 
 

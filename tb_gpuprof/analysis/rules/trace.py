@@ -498,12 +498,13 @@ def rule_compile(report: dict[str, Any]) -> dict[str, Any] | None:
                     "is a graph break, data-dependent control flow that torch.compile cannot "
                     f"capture, so the estimate counts {round(100 * compilable)}% of the work "
                     "as compilable; keep routing and values on the device to compile more.")
+    evidence: dict[str, Any] = {"dispatch_pct": dispatch_pct, "small_kernel_pct": small_pct,
+                                "kernels_per_iteration": round(per_iter)}
+    if breaks:  # shown only where there are some: "graph breaks: none" is no evidence
+        evidence.update(graph_breaks=[b["op"] for b in breaks[:5]], compilable_share=compilable)
     return _rec("compile", "medium",
                 "Compile the model: fuse small kernels and cut launch overhead", problem,
-                {"dispatch_pct": dispatch_pct, "small_kernel_pct": small_pct,
-                 "kernels_per_iteration": round(per_iter),
-                 "graph_breaks": [b["op"] for b in breaks[:5]],
-                 "compilable_share": compilable},
+                evidence,
                 {"pytorch": "model = torch.compile(model)  # mode='max-autotune' adds CUDA graphs",
                  "keras": "model.compile(..., jit_compile=True)  # XLA",
                  "jax": "step = jax.jit(step)  # jit the whole training step, not pieces"},
