@@ -312,3 +312,18 @@ def test_sigterm_stops_the_demo_and_its_tensorboard_with_sigint_ignored(tmp_path
     wait_until(lambda: not any(_alive(p) for p in children), timeout=30,
                what="the demo's TensorBoard processes to exit")
     assert "stopping TensorBoard" in "".join(lines)
+
+
+def test_the_readme_picture_shows_the_run_the_demo_opens_on():
+    """The dashboard opens on the most recent run with GPU work (frontend/src/app.tsx,
+    mostRecentRun): among the samples, the one whose report was written last. The README's
+    picture and caption are of that run's current report (tools/screenshot.py remakes it)."""
+    latest = max(sample_runs(), key=lambda run: max(r.wall_time for r in stored_reports(str(run))))
+    report = load_run_report(str(latest))
+    assert report["gpu_time_us"] > 0
+    caption = (REPO / "README.md").read_text(encoding="utf-8")
+    top = report["recommendations"][0]
+    for figure in (f"{report['iterations']['unprofiled_median_ms']:.1f} ms per un-profiled",
+                   f"MFU {report['throughput']['mfu_pct']:.1f}%",
+                   f"({top['id']}, re-timed to save about {top['estimated_saving_ms']:.1f} ms"):
+        assert figure in caption, f"README caption lacks {figure!r}: remake the picture"
