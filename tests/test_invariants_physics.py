@@ -220,3 +220,41 @@ def test_compare_reads_a_higher_mfu_for_the_faster_bf16_run():
     # the utilisation of each run's own precision is kept, and says which precision
     assert (cmp["a"]["precision"], cmp["b"]["precision"]) == ("fp32", "bf16")
     assert cmp["a"]["precision_utilization_pct"] > cmp["b"]["precision_utilization_pct"]
+
+
+def window_violations(report: dict[str, Any]) -> list[str]:
+    """What the iteration chart needs to mark the profiled window with the report's own
+    figures (frontend DashboardView: a band over ``iterations.range`` labelled with the
+    report's median, and the report's per-step times drawn beside the hook's): a range that
+    holds every analysed step, and a positive time for each."""
+    it = report["iterations"]
+    out = []
+    items = it["items"]
+    if len(items) != it["count"]:
+        out.append(f"{len(items)} per-step items for {it['count']} iterations")
+    out += [f"step {x.get('step')}: no positive wall time" for x in items
+            if not (x.get("wall_ms") or 0) > 0]
+    if it.get("range_kind") == "step" and it.get("range"):
+        lo, hi = it["range"]
+        out += [f"step {x['step']} outside the window {lo}-{hi}" for x in items
+                if x.get("step") is not None and not lo <= x["step"] <= hi]
+        steps = [x["step"] for x in items if x.get("step") is not None]
+        if steps and (steps[0], steps[-1]) != (lo, hi):
+            out.append(f"the window {lo}-{hi} is not its first and last step")
+    walls = sorted(x["wall_ms"] for x in items if x.get("wall_ms"))
+    if walls and not walls[0] <= it["median_ms"] <= walls[-1]:
+        out.append(f"median {it['median_ms']} outside the steps' {walls[0]}-{walls[-1]} ms")
+    return out
+
+
+@pytest.mark.parametrize("trace", TRACES)
+def test_the_window_the_chart_marks_is_the_reports(trace):
+    assert window_violations(real_report(trace)) == []
+
+
+def test_the_window_check_bites():
+    rep = copy.deepcopy(real_report("h200/resnet50_fp32.json.gz"))
+    assert rep["iterations"]["range_kind"] == "step"
+    rep["iterations"]["range"][1] -= 1  # a band one step short of the window
+    rep["iterations"]["items"][0]["wall_ms"] = 0.0
+    assert len(window_violations(rep)) == 3
