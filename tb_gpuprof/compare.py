@@ -14,7 +14,7 @@ from typing import Any
 from .analysis.throughput import throughput_section
 
 # Which recorded flags (report["system"]["flags"]) say that a recommendation's fix was applied;
-# ids as in analysis/recommend.py, flags as the PyTorch, Keras and Trainer hooks record them.
+# ids as in analysis/rules/, flags as the PyTorch, Keras and Trainer hooks record them.
 FIX_FLAGS: dict[str, tuple[str, ...]] = {
     "tf32": ("allow_tf32_matmul", "allow_tf32_cudnn", "float32_matmul_precision",
              "tf32_enabled", "nvidia_tf32_override", "trainer_tf32"),

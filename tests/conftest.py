@@ -214,7 +214,7 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
     import shutil
 
     from tb_gpuprof.analysis.report import build_report
-    from tb_gpuprof.store import schema
+    from tb_gpuprof.store import layout, schema
     from tb_gpuprof.store.reader import load_run_report, stored_reports
     from tb_gpuprof.store.writer import EventWriter, _blob_summary
 
@@ -237,7 +237,7 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
                 rep = build_report(real_profiles["kineto"], iter_start=i % n_iter,
                                    iter_stop=i % n_iter + 1)
             rep["generator"] = f"{rep.get('generator')} window {i}"
-            w.add_scalar(schema.ITERATION_TIME_TAG, rep["iterations"]["mean_ms"] or 0.0, i * 10)
+            w.add_scalar(layout.ITERATION_TIME_TAG, rep["iterations"]["mean_ms"] or 0.0, i * 10)
             w.add_report(rep, step=i * 10)
             expected[(WINDOW_RUN, i * 10)] = _as_json(rep)
 
@@ -248,7 +248,7 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
 
     with EventWriter(logdir / "corrupt") as w:
         content = schema.plugin_content("report", 1)
-        summary = _blob_summary(schema.report_tag(3), b"this is not zlib data", content)
+        summary = _blob_summary(layout.report_tag(3), b"this is not zlib data", content)
         w._write(w._event(summary, 3, None), flush=True)
 
     with EventWriter(logdir / "truncated") as w:
@@ -261,13 +261,13 @@ def gpuprof_logdir(tmp_path_factory: pytest.TempPathFactory, imported_logdir: Pa
 
     with EventWriter(logdir / "scalars_only") as w:
         for s in range(5):
-            w.add_scalar(schema.ITERATION_TIME_TAG, 30.0 + s, s)
+            w.add_scalar(layout.ITERATION_TIME_TAG, 30.0 + s, s)
 
     with EventWriter(logdir / "telemetry") as w:
         for s in range(20):
             w.add_scalars({"gpuprof/gpu0/sm_util_pct": 90.0 + s % 5, "gpuprof/gpu0/power_w":
                            600.0 + s, "gpuprof/gpu1/power_w": 100.0}, s)
-        w.add_json(schema.TOPOLOGY_TAG, {"gpus": [{"index": 0, "name": "NVIDIA H200"}]}, 0)
+        w.add_json(layout.TOPOLOGY_TAG, {"gpus": [{"index": 0, "name": "NVIDIA H200"}]}, 0)
 
     outside = root / "secret.txt"
     outside.write_text("outside the logdir")

@@ -19,7 +19,6 @@ def test_inside_a_scope_a_column_is_read_once_and_shared():
         assert columns.floats(ops, "start_us") is first
         assert columns.ends(ops).tolist() == [o.start_us + o.dur_us for o in ops]
         assert columns.values(ops, "name") == tuple(o.name for o in ops)
-        assert columns.ints(ops, "tid").tolist() == [o.tid for o in ops]
         ops[3].external_id, ops[7].external_id = 0, 12  # 0 is present, None is not
         assert columns.present(ops, "external_id").tolist() == [
             o.external_id is not None for o in ops]

@@ -11,7 +11,9 @@ import random
 import pytest
 
 from tb_gpuprof.analysis import distributed as d
+from tb_gpuprof.analysis import intervals
 from tb_gpuprof.analysis.report import build_report
+from tb_gpuprof.analysis.rules import distributed as rules
 from tb_gpuprof.model import KERNEL, STEP, Annotation, GpuActivity, Profile
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -34,13 +36,13 @@ def test_interval_operations_match_a_brute_force_count() -> None:
                 out.append((float(s), float(s + rng.randint(0, 12))))
             return out
         a_raw, b_raw = rand_iv(), rand_iv()
-        a, b = d.merge(a_raw), d.merge(b_raw)
+        a, b = intervals.merge(a_raw), intervals.merge(b_raw)
         ca, cb = _cells(a_raw), _cells(b_raw)
         assert _cells(a) == ca and all(x[1] < y[0] for x, y in itertools.pairwise(a))
-        assert _cells(d.intersect(a, b)) == ca & cb
-        assert _cells(d.subtract(a, b)) == ca - cb
+        assert _cells(intervals.intersect(a, b)) == ca & cb
+        assert _cells(intervals.subtract(a, b)) == ca - cb
         lo, hi = rng.randint(0, 30), rng.randint(30, 60)
-        assert d.length(a, lo, hi) == len({c for c in ca if lo <= c < hi})
+        assert intervals.length(a, lo, hi) == len({c for c in ca if lo <= c < hi})
 
 
 def synthetic_profile(comm: tuple[float, float], compute: tuple[float, float], *,
@@ -95,7 +97,7 @@ def test_fully_hidden_or_small_communication_is_not_recommended() -> None:
     assert hidden["distributed"]["overlap_pct"] == 100.0
     assert hidden["distributed"]["exposed_us"] == 0
     small = build_report(synthetic_profile((9000.0, 9500.0), (0.0, 8000.0)))
-    assert small["distributed"]["exposed_pct"] < d.COMMUNICATION_MIN_EXPOSED_PCT
+    assert small["distributed"]["exposed_pct"] < rules.COMMUNICATION_MIN_EXPOSED_PCT
     for report in (hidden, small):
         assert "communication" not in [r["id"] for r in report["recommendations"]]
 
@@ -103,12 +105,13 @@ def test_fully_hidden_or_small_communication_is_not_recommended() -> None:
 def test_single_process_without_collectives_has_no_section(real_reports) -> None:
     for report in real_reports.values():  # the single-GPU H200 fixtures
         assert report["distributed"] is None
-        assert d.distributed_recommendations(report) == []
+        assert rules.rule_communication(report) is None
+        assert rules.rule_distributed_backend(report) is None
 
 
 def test_distributed_backend_rule_fires_only_for_non_nccl_on_gpus() -> None:
     report = build_report(synthetic_profile((4000.0, 9000.0), (0.0, 6000.0)))
-    assert d.rule_distributed_backend(report) is None  # nccl
+    assert rules.rule_distributed_backend(report) is None  # nccl
 
     def with_backend(backend: str | None, world_size: int = 2, gpu: bool = True) -> dict:
         r = copy.deepcopy(report)
@@ -118,14 +121,14 @@ def test_distributed_backend_rule_fires_only_for_non_nccl_on_gpus() -> None:
             r["gpu_time_us"] = 0.0
         return r
 
-    rec = d.rule_distributed_backend(with_backend("gloo"))
+    rec = rules.rule_distributed_backend(with_backend("gloo"))
     assert rec is not None and rec["id"] == "distributed_backend" and rec["severity"] == "high"
     assert "gloo" in rec["problem"] and "nccl" in rec["fix"]["pytorch"]
-    assert d.rule_distributed_backend(with_backend("mpi")) is not None
-    assert d.rule_distributed_backend(with_backend("cpu:gloo,cuda:nccl")) is None
-    assert d.rule_distributed_backend(with_backend("gloo", world_size=1)) is None
-    assert d.rule_distributed_backend(with_backend("gloo", gpu=False)) is None  # CPU training
-    assert d.rule_distributed_backend(with_backend(None)) is None
+    assert rules.rule_distributed_backend(with_backend("mpi")) is not None
+    assert rules.rule_distributed_backend(with_backend("cpu:gloo,cuda:nccl")) is None
+    assert rules.rule_distributed_backend(with_backend("gloo", world_size=1)) is None
+    assert rules.rule_distributed_backend(with_backend("gloo", gpu=False)) is None  # CPU training
+    assert rules.rule_distributed_backend(with_backend(None)) is None
     # build_report registers the rule: a gloo run with GPU kernels gets it
     gloo = build_report(synthetic_profile((4000.0, 9000.0), (0.0, 6000.0), backend="gloo"))
     assert "distributed_backend" in [r["id"] for r in gloo["recommendations"]]

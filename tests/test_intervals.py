@@ -142,6 +142,5 @@ def test_columnar_coverage_answers_scalar_queries_like_the_merged_list():
             assert cov.overlap(a, b) == (length(merged, a, b) if b > a else 0.0)
             assert cov.clip(a, b) == [(max(s, a), min(e, b)) for s, e in merged
                                       if s < b and e > a]
-            assert cov.iv_between(a, b) == [(s, e) for s, e in merged if s < b and e > a]
             want_gaps = subtract([(a, b)], merged) if b > a else []
             assert cov.gaps(a, b) == want_gaps

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline": {"readers", "analysis", "store"},
     # the plugin reads the store, and rebuilds a report an older analysis stored (pipeline)
     "plugin": {"store", "analysis", "readers", "pipeline"},
-    "nvml": {"store", "analysis"},  # the NVML sampler/dmon (capture); advice.py re-exports rules
+    "nvml": {"store"},  # the NVML sampler/dmon (capture): dmon writes event files
     "capture": {"readers", "analysis", "store", "nvml", "pipeline"},
     "tools": {"readers", "analysis", "store", "nvml", "pipeline", "capture"},  # CLI, parallel, ...
 }
@@ -156,6 +156,7 @@ def test_no_import_cycles():
     ("tb_gpuprof.analysis.report", "tb_gpuprof.nvml.topology"),
     ("tb_gpuprof.store.importer", "tb_gpuprof.analysis.report"),
     ("tb_gpuprof.plugin.routes", "tb_gpuprof.torch"),
+    ("tb_gpuprof.nvml.sampler", "tb_gpuprof.analysis.rules.nvml"),  # the rules read telemetry
 ])
 def test_the_check_catches_a_wrong_import(src, dep):
     """The rules reject the imports this layering was made to remove."""

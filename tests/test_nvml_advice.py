@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from tb_gpuprof.nvml import NvmlSampler, Sample
-from tb_gpuprof.nvml.advice import (
+from tb_gpuprof.analysis.rules import recommend
+from tb_gpuprof.analysis.rules.nvml import (
     MIN_SAMPLES,
     batch_size_advice,
     gpu_placement_advice,
-    nvml_recommendations,
     throttling_advice,
 )
+from tb_gpuprof.nvml import NvmlSampler, Sample
 from tb_gpuprof.nvml.fields import decode_clock_events
 from tb_gpuprof.nvml.replay import ReplayBackend
 from tb_gpuprof.nvml.topology import topology
@@ -117,9 +117,9 @@ def test_gpu_placement_silent_when_linked_single_or_no_alternative(host) -> None
     assert gpu_placement_advice(None) is None
 
 
-def test_nvml_recommendations_orders_high_first() -> None:
+def test_the_registry_orders_nvml_advice_high_first() -> None:
     rows = busy(20.0, 5 * GIB_MIB, n=10, mask=0x40)
-    recs = nvml_recommendations(summary({0: rows}))
+    recs = recommend({"telemetry": summary({0: rows})})  # no GPU work: only NVML advice fires
     assert [r["id"] for r in recs] == ["throttling", "batch_size"]
     for r in recs:
         assert set(r) >= {"id", "severity", "title", "problem", "evidence", "fix",

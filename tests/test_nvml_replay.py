@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tb_gpuprof.analysis.rules.nvml import THROTTLE_PCT, batch_size_advice, throttling_advice
 from tb_gpuprof.nvml import NvmlSampler, NvmlUnavailableError
-from tb_gpuprof.nvml.advice import THROTTLE_PCT, batch_size_advice, throttling_advice
 from tb_gpuprof.nvml.dmon import header_lines, run_dmon
 from tb_gpuprof.nvml.fields import POWER_REASONS, THERMAL_REASONS, decode_clock_events
 from tb_gpuprof.nvml.replay import FaultBackend, ReplayBackend

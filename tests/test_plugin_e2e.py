@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 
-from tb_gpuprof.store import schema
+from tb_gpuprof.store import layout
 from tb_gpuprof.store.writer import EventWriter
 from tests.conftest import WINDOW_COUNT, WINDOW_RUN, get_json, http_get, run_cli, wait_until
 
@@ -99,7 +99,7 @@ def test_kernels_scalars_telemetry_and_trace_answer(server, kineto_trace):
     status, page = get_json(url(server, "/kernels", run="kineto", limit=3, q="nvjet"))
     assert status == 200 and 0 < len(page["kernels"]) <= 3
     assert all("nvjet" in k["name"] for k in page["kernels"])
-    status, body = get_json(url(server, "/scalars", run="kineto", tag=schema.ITERATION_TIME_TAG))
+    status, body = get_json(url(server, "/scalars", run="kineto", tag=layout.ITERATION_TIME_TAG))
     assert status == 200 and len(body["points"]) > 0
     status, body = get_json(url(server, "/telemetry", run="telemetry"))
     assert status == 200 and "gpu0/power_w" in body["series"]
@@ -114,7 +114,7 @@ def test_kernels_scalars_telemetry_and_trace_answer(server, kineto_trace):
 
 def test_a_live_run_appears_without_restart(server, real_reports):
     writer = EventWriter(server.logdir / "live")  # left open, as in a training job
-    writer.add_scalar(schema.ITERATION_TIME_TAG, 40.0, 0)
+    writer.add_scalar(layout.ITERATION_TIME_TAG, 40.0, 0)
     writer.add_report(real_reports["xplane"], step=1)
 
     def live_report():

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from tb_gpuprof.analysis.recommend import recommend
+from tb_gpuprof.analysis.rules import recommend
 
 from .h200 import rec_ids, report
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tb_gpuprof.store import schema
+from tb_gpuprof.store import layout
 from tb_gpuprof.store.reader import event_files, iter_events
 from tests.conftest import run_cli
 
@@ -39,9 +39,9 @@ def test_import_writes_scalars_report_and_raw_trace(imported_logdir, kineto_trac
     for path in event_files(str(run_dir)):
         for event in iter_events(path):
             for v in event.summary.value:
-                if v.tag == schema.ITERATION_TIME_TAG:
+                if v.tag == layout.ITERATION_TIME_TAG:
                     scalars[event.step] = v.simple_value
-                elif schema.parse_report_tag(v.tag):
+                elif layout.parse_report_tag(v.tag):
                     report_steps.append(event.step)
     assert report_steps == [last_step]
     assert sorted(scalars) == sorted(steps)
@@ -104,8 +104,8 @@ def test_import_under_a_launchers_rank_is_an_ordinary_run(tmp_path, kineto_trace
     files = event_files(str(run_dir))
     assert len(files) == 1 and ".rank" not in Path(files[0]).name
     tags = {v.tag for e in iter_events(files[0]) for v in e.summary.value}
-    reports = [t for t in tags if schema.parse_report_tag(t)]
-    assert reports == [schema.report_tag(schema.parse_report_tag(reports[0])[0])], reports
+    reports = [t for t in tags if layout.parse_report_tag(t)]
+    assert reports == [layout.report_tag(layout.parse_report_tag(reports[0])[0])], reports
     traces = {p.parent.name for p in (run_dir / "plugins" / "gpuprof" / "traces").rglob("*")
               if p.is_file()}
     assert len(traces) == 1 and ".rank" not in next(iter(traces)), traces

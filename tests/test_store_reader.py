@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tb_gpuprof.errors import RunNotFoundError, SchemaVersionError
-from tb_gpuprof.store import schema
+from tb_gpuprof.errors import RunNotFoundError, SchemaVersionError, StoredDataError
+from tb_gpuprof.store import layout
 from tb_gpuprof.store.reader import event_files, load_run_report
 from tb_gpuprof.store.writer import EventWriter
 from tests.conftest import run_cli
@@ -45,7 +45,7 @@ def test_logdir_run_selection(tmp_path, real_reports):
     with EventWriter(tmp_path / "group" / "b") as w:
         w.add_report(real_reports["xplane"], step=2)
     with EventWriter(tmp_path / "scalars_only") as w:
-        w.add_scalar(schema.ITERATION_TIME_TAG, 3.0, 0)
+        w.add_scalar(layout.ITERATION_TIME_TAG, 3.0, 0)
 
     with pytest.raises(RunNotFoundError, match=r"2 runs hold reports \(a, group/b\).*--run"):
         load_run_report(str(tmp_path))
@@ -102,5 +102,5 @@ def test_corrupt_blob_is_a_clear_error(tmp_path, real_reports):
     mid = len(data) - 2000
     data[mid:mid + 16] = bytes(16)
     open(path, "wb").write(bytes(data))
-    with pytest.raises(schema.StoredDataError, match="step 5"):
+    with pytest.raises(StoredDataError, match="step 5"):
         load_run_report(str(tmp_path))

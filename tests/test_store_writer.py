@@ -16,7 +16,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.compat.tensorflow_stub import errors as tb_stub_errors
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
 
-from tb_gpuprof.store import records, schema
+from tb_gpuprof.store import layout, records, schema
 from tb_gpuprof.store.reader import event_files, iter_events
 from tb_gpuprof.store.writer import EventWriter, save_raw_trace
 
@@ -46,13 +46,13 @@ def test_round_trip_through_tensorboard_reader(tmp_path, real_reports):
         w.add_scalar("gpuprof/iteration_time_ms", 12.5, step=3)
         w.add_scalars({"gpuprof/gpu0/power_w": 500.0, "gpuprof/gpu0/sm_util_pct": 97.0}, step=4)
         w.add_report(report, step=7)
-        w.add_json(schema.TOPOLOGY_TAG, {"gpus": [{"index": 0}]}, step=7)
+        w.add_json(layout.TOPOLOGY_TAG, {"gpus": [{"index": 0}]}, step=7)
     events = tb_events(only_file(tmp_path / "run"))
     assert events[0].file_version == "brain.Event:2"
     values = {(e.step, v.tag): v for e in events[1:] for v in e.summary.value}
     assert values[(3, "gpuprof/iteration_time_ms")].simple_value == 12.5
     assert values[(4, "gpuprof/gpu0/sm_util_pct")].simple_value == 97.0
-    stored = values[(7, schema.report_tag(7))]
+    stored = values[(7, layout.report_tag(7))]
     assert stored.metadata.plugin_data.plugin_name == "gpuprof"
     assert stored.metadata.data_class == summary_pb2.DATA_CLASS_BLOB_SEQUENCE
     assert [d.size for d in stored.tensor.tensor_shape.dim] == [1]
@@ -61,7 +61,7 @@ def test_round_trip_through_tensorboard_reader(tmp_path, real_reports):
     decoded = schema.decode_report(stored.tensor.string_val[0],
                                    stored.metadata.plugin_data.content, "test")
     assert decoded == json.loads(json.dumps(report))
-    topo = values[(7, schema.TOPOLOGY_TAG)]
+    topo = values[(7, layout.TOPOLOGY_TAG)]
     assert schema.decode_json(topo.tensor.string_val[0], "t") == {"gpus": [{"index": 0}]}
 
 
@@ -122,7 +122,7 @@ def test_concurrent_threads_write_whole_records(tmp_path):
     seen = [(v.tag, e.step) for e in tb_events(writer.path) for v in e.summary.value]
     scalars = [x for x in seen if x[0].startswith("t")]
     assert sorted(scalars) == sorted((f"t{i}", s) for i in range(n_threads) for s in range(n_each))
-    assert len([x for x in seen if schema.parse_report_tag(x[0])]) == n_threads * (n_each // 50)
+    assert len([x for x in seen if layout.parse_report_tag(x[0])]) == n_threads * (n_each // 50)
 
 
 WRITER_SCRIPT = """
@@ -159,7 +159,7 @@ def test_processes_sharing_a_run_dir_do_not_clobber(tmp_path, ranks):
         assert steps == list(range(300))
         for e in events:
             for v in e.summary.value:
-                if schema.parse_report_tag(v.tag):
+                if layout.parse_report_tag(v.tag):
                     report_tags.add(v.tag)
                     rep = schema.decode_report(v.tensor.string_val[0],
                                                v.metadata.plugin_data.content, path)
@@ -169,7 +169,7 @@ def test_processes_sharing_a_run_dir_do_not_clobber(tmp_path, ranks):
         assert sorted(os.path.basename(f).split(".gpuprof")[1] for f in files) == [".rank0",
                                                                                    ".rank1"]
         # Both ranks' windows stay addressable: rank 0 keeps the plain tag.
-        assert report_tags == {schema.report_tag(299), schema.report_tag(299, rank=1)}
+        assert report_tags == {layout.report_tag(299), layout.report_tag(299, rank=1)}
 
 
 def test_flushes_at_interpreter_exit_without_close(tmp_path):
@@ -195,7 +195,7 @@ def test_rejects_bad_arguments(tmp_path):
         with pytest.raises(ValueError):
             w.add_report({"kernels": []}, 0)  # no schema_version
         with pytest.raises(ValueError):
-            w.add_json(schema.report_tag(3), {}, 3)
+            w.add_json(layout.report_tag(3), {}, 3)
     with pytest.raises(ValueError):
         w.add_scalar("t", 1.0, 0)  # closed
 

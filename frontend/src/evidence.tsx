@@ -5,7 +5,7 @@ import { DASH, fmtMs, fmtNum, fmtPct, fmtUs, humanize } from "./format";
 /** Opens the Kernels view filtered to kernels whose name, op or source contains `q`. */
 export type OpenKernels = (q: string) => void;
 
-// Labels of the keys the rules write (tb_gpuprof/analysis/recommend.py); others are humanized.
+// Labels of the keys the rules write (tb_gpuprof/analysis/rules/); others are humanized.
 const LABELS: Record<string, string> = {
   fp32_eligible_pct: "GPU time in FP32 math that could use Tensor Cores",
   fp32_eligible_us: "FP32 math that could use Tensor Cores",

@@ -67,15 +67,6 @@ def floats(items: Sequence[Any], attr: str) -> np.ndarray:
     return _cached(items, attr, read)
 
 
-def ints(items: Sequence[Any], attr: str) -> np.ndarray:
-    """``attr`` of every item as int64 (tid)."""
-    def read() -> np.ndarray:
-        col = np.fromiter(map(attrgetter(attr), items), np.int64, len(items))
-        col.flags.writeable = False
-        return col
-    return _cached(items, "int:" + attr, read)
-
-
 def values(items: Sequence[Any], attr: str) -> tuple[Any, ...]:
     """``attr`` of every item as a tuple of the objects themselves (name, correlation)."""
     return _cached(items, "obj:" + attr, lambda: tuple(map(attrgetter(attr), items)))

@@ -19,15 +19,9 @@ from . import columns
 from .classify import classify_kernel
 from .intervals import Intervals, intersect, length, merge, subtract
 from .rules.build import by_saving
-from .rules.distributed import (  # noqa: F401  (the rules' old home re-exports them)
-    COMMUNICATION_FIX,
-    COMMUNICATION_HIGH_EXPOSED_PCT,
-    COMMUNICATION_MIN_EXPOSED_PCT,
-    COMMUNICATION_SAVING,
-    STRAGGLER_HIGH_PCT,
+from .rules.distributed import (
     STRAGGLER_MIN_MS,
     STRAGGLER_MIN_PCT,
-    distributed_recommendations,
     rule_communication,
     rule_distributed_backend,
     rule_straggler,

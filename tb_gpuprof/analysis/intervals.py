@@ -316,12 +316,6 @@ class Coverage:
     def _first_start(self) -> float:
         return self._starts[0] if self._starts is not None else float(self.arrays()[0][0])
 
-    def iv_between(self, a: float, b: float) -> Intervals:
-        """The merged intervals that overlap [a, b), unclipped."""
-        lo = max(self._bisect(a, True) - 1, 0)
-        hi = self._bisect(b, False)
-        return [iv for iv in self._slice(lo, hi) if iv[1] > a]
-
     def gap_columns(self, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`gaps` as (starts, ends) columns. The intervals are disjoint and ascending,
         so the time covered so far before interval k is max(a, end of k - 1), and only the

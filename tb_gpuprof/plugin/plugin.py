@@ -12,12 +12,7 @@ from tensorboard import context as tb_context
 from tensorboard.plugins import base_plugin
 
 from ..store import layout
-from .data import (  # noqa: F401  (the plugin's names, as callers knew them here)
-    CachedReport,
-    HttpError,
-    PluginData,
-    ReportRef,
-)
+from .data import PluginData
 from .routes import make_apps
 
 ACTIVE_CACHE_SECS = 10.0

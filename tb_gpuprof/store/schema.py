@@ -16,16 +16,6 @@ from typing import Any
 
 from .. import REPORT_SCHEMA_VERSION
 from ..errors import SchemaVersionError, StoredDataError
-from .layout import (  # noqa: F401  (names owned by layout.py; re-exported for old callers)
-    ITERATION_TIME_TAG,
-    PLUGIN_NAME,
-    REPORT_TAG_PREFIX,
-    TOPOLOGY_TAG,
-    TRACES_SUBDIR,
-    is_telemetry_scalar,
-    parse_report_tag,
-    report_tag,
-)
 
 ENCODING = "json+zlib"
 STORAGE_VERSION = 1  # of the blob layout below, independent of the report schema

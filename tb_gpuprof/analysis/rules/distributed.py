@@ -90,12 +90,6 @@ def rule_distributed_backend(report: dict[str, Any]) -> dict[str, Any] | None:
                 None, None)
 
 
-def distributed_recommendations(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rules that read one rank's report (the registry runs them with the others)."""
-    return [r for r in (rule_communication(report), rule_distributed_backend(report))
-            if r is not None]
-
-
 def rule_straggler(summary: dict[str, Any]) -> dict[str, Any] | None:
     s = summary.get("straggler")
     if not s or not s["significant"]:

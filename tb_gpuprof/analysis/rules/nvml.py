@@ -166,11 +166,3 @@ def gpu_placement_advice(topology: dict[str, Any] | None) -> dict[str, Any] | No
          "keras": f"{env} python train.py",
          "jax": f"{env} python train.py"},
         None, None)
-
-
-def nvml_recommendations(telemetry: dict[str, Any] | None,
-                         topology: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """All NVML-based recommendations that fire, high severity first."""
-    recs = [r for r in (throttling_advice(telemetry), batch_size_advice(telemetry),
-                        gpu_placement_advice(topology)) if r is not None]
-    return sorted(recs, key=lambda r: r["severity"] != "high")
