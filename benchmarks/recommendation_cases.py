@@ -69,7 +69,8 @@ SMOKE_WARMUP = 2
 
 # Which measured variant each recommendation id proposes (when the case has that variant).
 FIX_VARIANT = {"compile": ["compile"], "dispatch_overhead": ["compile"], "tf32": ["tf32"],
-               "host_sync": ["no_sync"], "input_pipeline": ["loader_workers4", "data_on_gpu"],
+               "host_sync": ["no_sync", "grouped"],
+               "input_pipeline": ["loader_workers4", "data_on_gpu"],
                "batch_size": ["batch_x2"]}
 
 
@@ -292,8 +293,10 @@ def case_moe(variant: str, smoke: bool) -> Loop:
     """Mixtral-style MoE (transformers MixtralForCausalLM: hidden 512, 4 layers, 8 experts top-2,
     intermediate 1024, vocab 8192), batch 8 x 256, bf16 autocast, AdamW, eager. The eager
     experts loop (nonzero + one Python branch per expert) syncs with the host every layer;
-    ``no_sync``: transformers' batched experts (``experts_implementation="batched_mm"``), the
-    same maths with no host sync in the routing."""
+    ``no_sync``: transformers' batched experts (``experts_implementation="batched_mm"``: every
+    expert on every token, no host sync in the routing); ``grouped``: its grouped GEMM
+    experts (``"grouped_mm"``: each token through its own experts only, offsets on the
+    device)."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch, dev = _torch(smoke)
@@ -306,8 +309,8 @@ def case_moe(variant: str, smoke: bool) -> Loop:
                         num_attention_heads=8, num_key_value_heads=8,
                         max_position_embeddings=max(seq, 512),
                         # the per-expert Python loop, or the sync-free batched one
-                        experts_implementation="batched_mm" if variant == "no_sync"
-                        else "eager")
+                        experts_implementation={"no_sync": "batched_mm",
+                                                "grouped": "grouped_mm"}.get(variant, "eager"))
     model = MixtralForCausalLM(cfg).to(dev)
     fwd = model
     if variant == "compile":
@@ -516,7 +519,7 @@ def case_cpu_only(variant: str, smoke: bool) -> Loop:
 
 CASES: dict[str, dict[str, Any]] = {
     "compiled_lm": {"fn": case_compiled_lm, "variants": ["eager", "batch_x2"]},
-    "moe": {"fn": case_moe, "variants": ["no_sync", "compile", "tf32"]},
+    "moe": {"fn": case_moe, "variants": ["no_sync", "grouped", "compile", "tf32"]},
     "python_collate": {"fn": case_python_collate, "variants": ["loader_workers4", "compile"]},
     "item_loop": {"fn": case_item_loop, "variants": ["no_sync", "compile"]},
     "healthy_cnn": {"fn": case_healthy_cnn, "variants": ["data_on_gpu", "compile"]},
@@ -799,6 +802,8 @@ def main() -> int:
     ap.add_argument("--child-timeout-s", type=float, default=180,
                     help="timeout of each child process (default 180 s)")
     ap.add_argument("--pack", default=None, help="tar.gz OUT_DIR into this file at the end")
+    ap.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=None,
+                    help="only these variants (with the baselines), and no hooked run")
     ap.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # internal: case:name
     ap.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -829,9 +834,10 @@ def main() -> int:
         case_res: dict[str, Any] = {"description": " ".join(doc), "hooked": None,
                                     "variants": {}, "errors": [], "skipped": []}
         results["cases"][case] = case_res
-        plan = [("hooked", "hooked")]
+        plan = [] if args.variants else [("hooked", "hooked")]
         if spec["variants"] is not None:
-            plan += [("baseline", "baseline")] + [(v, v) for v in spec["variants"]]
+            chosen = [v for v in spec["variants"] if not args.variants or v in args.variants]
+            plan += [("baseline", "baseline")] + [(v, v) for v in chosen]
             plan += [("baseline_last", "baseline")]
         for label, variant in plan:
             elapsed = time.perf_counter() - t_start
