@@ -10,11 +10,8 @@ plain attributes set here (``_on``, ``_out``, ``_wall_ms``), so sharing adds not
 from __future__ import annotations
 
 import collections
-import gzip
-import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -24,6 +21,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
+from ._window_child import StoreSpec, WindowJob, WindowResult, encode
 from .store import layout
 
 # The window's analysis child gets this long before it is killed (a huge trace takes minutes).
@@ -51,13 +51,6 @@ class GpuProfWarning(UserWarning):
 def nvml_scalar_tags(values: dict[str, float]) -> dict[str, float]:
     """NVML sampler scalars under the ``gpuprof/`` tag prefix, as floats."""
     return {layout.scalar_tag(k): float(v) for k, v in values.items()}
-
-
-def gzip_copy(src: str, dest: str) -> str:
-    """``dest``: a fast-compressed copy of ``src`` (raw traces are large, and stored once)."""
-    with open(src, "rb") as fin, gzip.open(dest, "wb", compresslevel=1) as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
-    return dest
 
 
 class HookCore:
@@ -319,30 +312,28 @@ class HookCore:
         if self.extra_flags:  # env is also self.env, the run summary's
             env.setdefault("flags", {}).update(self.extra_flags)
         topology = self._guard("nvml", self._window_topology, when="nvml")
-        job = {"trace": raw, "key": self.key, "env": env, "telemetry": telemetry,
-               "peak_tflops": self.peak_tflops, "topology": topology,
-               "gpu_expected": gpu_expected, "no_gpu_warning": no_gpu_warning,
-               "store": None if self._writer is None else
-               {"run_dir": self.run_dir, "step": step, "rank": self.rank, "name": stored_name,
-                "gzip": gzip_raw}}
+        job = WindowJob(trace=raw, key=self.key, env=env, telemetry=telemetry,
+                        peak_tflops=self.peak_tflops, topology=topology,
+                        gpu_expected=gpu_expected, no_gpu_warning=no_gpu_warning,
+                        store=None if self._writer is None else
+                        StoreSpec(run_dir=self.run_dir, step=step, rank=self.rank,
+                                  name=stored_name, gzip=gzip_raw))
         child_started = time.perf_counter()
         result = run_window_child(job)
         self.analysis_timing = {"telemetry_s": round(telemetry_s, 4),
                                 "child_s": round(time.perf_counter() - child_started, 4),
-                                **(result.get("timing") or {})}
-        self.analysis_niceness = result.get("niceness")
-        self.trace_path = result.get("trace_path")
-        for message in result.get("warnings") or []:
+                                **result.timing}
+        self.analysis_niceness = result.niceness
+        self.trace_path = result.trace_path
+        for message in result.warnings:
             warnings.warn(message, GpuProfWarning, stacklevel=1)
-        if result.get("error"):
-            raise RuntimeError(result["error"])
-        self._store_report(result["report"], step)
+        if result.error or result.report is None:
+            raise RuntimeError(result.error or "the analysis process returned no report")
+        self._store_report(result.report, step)
 
     def _store_report(self, report: dict[str, Any], step: int) -> None:
-        """Write the report at ``step``; its source is the stored raw profile (the temporary
-        file it was read from is gone by then)."""
+        """Write the report at ``step`` (the child made its source the stored raw profile)."""
         if self._writer is not None and self.trace_path is not None:
-            report["source"]["path"] = os.path.relpath(self.trace_path, self.run_dir)
             self._writer.add_report(report, step=step)
         self.report = report
 
@@ -367,7 +358,7 @@ class HookCore:
         self._writer.add_json(layout.RUN_SUMMARY_TAG, summary, max(self.iteration - 1, 0))
 
 
-def run_window_child(job: dict[str, Any]) -> dict[str, Any]:
+def run_window_child(job: WindowJob) -> WindowResult:
     """Run ``job`` in ``python -m tb_gpuprof._window_child``; its result (or an ``error``).
 
     The child finds this very package (``PYTHONPATH`` is set for the child only) and sees
@@ -381,20 +372,16 @@ def run_window_child(job: dict[str, Any]) -> dict[str, Any]:
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, close_fds=True)
     except OSError as e:
-        return {"error": f"cannot start the analysis process: {e}"}
+        return WindowResult(error=f"cannot start the analysis process: {e}")
     try:
-        out, err = proc.communicate(json.dumps(job, default=str).encode(),
-                                    timeout=CHILD_TIMEOUT_S)
+        out, err = proc.communicate(encode(job), timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        return {"error": f"the analysis process took over {CHILD_TIMEOUT_S:.0f} s"}
+        return WindowResult(error=f"the analysis process took over {CHILD_TIMEOUT_S:.0f} s")
     try:
-        result = json.loads(out) if out else None
-    except ValueError:
-        result = None
-    if not isinstance(result, dict):
+        return msgspec.json.decode(out, type=WindowResult)
+    except msgspec.MsgspecError:
         lines = err.decode(errors="replace").strip().splitlines()
-        return {"error": f"the analysis process exited with status {proc.returncode}: "
-                         f"{lines[-1] if lines else 'no output'}"}
-    return result
+        return WindowResult(error=f"the analysis process exited with status "
+                                  f"{proc.returncode}: {lines[-1] if lines else 'no output'}")

@@ -3,19 +3,59 @@ raw profile in the run. The hooks start it (``python -m tb_gpuprof._window_child
 analysis never competes with training for the training process's GIL, and it lowers its own
 CPU priority first thing (``lower_priority``: nice +19; this process only).
 
-Protocol: one JSON job on stdin, one JSON result on stdout (``{"report": ..., "trace_path":
-..., "warnings": [...], "timing": {...}}`` or ``{"error": "..."}``); framework-free, like the
-analysis.
+Protocol: one :class:`WindowJob` on stdin, one :class:`WindowResult` on stdout, both JSON
+(msgspec Structs: a field the other side does not know fails loudly, not later);
+framework-free, like the analysis.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 import warnings
 from typing import Any
+
+import msgspec
+
+
+class StoreSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where the window's raw profile goes in the run (``None`` in the job: not stored)."""
+    run_dir: str
+    step: int
+    rank: int | None = None
+    name: str | None = None  # the stored file's name (default: the raw file's)
+    gzip: bool = False  # store a gzipped copy (Kineto JSON), else move the file
+
+
+class WindowJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the hook hands the child: the raw profile and the analysis context's parts."""
+    trace: str
+    key: str | None = None
+    env: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None
+    peak_tflops: float | None = None
+    topology: dict[str, Any] | None = None
+    gpu_expected: bool = False  # warn (no_gpu_warning) when the profile holds no GPU work
+    no_gpu_warning: str = ""
+    store: StoreSpec | None = None
+
+
+class WindowResult(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What comes back: the report (its source the stored copy) or the error, and how the
+    child ran."""
+    report: dict[str, Any] | None = None
+    trace_path: str | None = None  # the stored raw profile
+    warnings: list[str] = msgspec.field(default_factory=list)
+    error: str | None = None
+    timing: dict[str, float | int | None] = msgspec.field(default_factory=dict)
+    niceness: int | None = None
+
+
+def encode(value: WindowJob | WindowResult) -> bytes:
+    """JSON for the pipe; a value JSON cannot hold (an env entry a framework returned as its
+    own type) becomes its text, as the report would show it."""
+    return msgspec.json.encode(value, enc_hook=str)
 
 # How much lower than the training process the analysis runs, in nice levels (Unix): +19,
 # the lowest (scheduler weight 15 against a normal task's 1024). At the former +10 (weight
@@ -37,22 +77,21 @@ def lower_priority() -> int | None:
         return None  # not allowed here: run at the parent's priority
 
 
-def _store_raw(job: dict[str, Any]) -> str | None:
+def _store_raw(job: WindowJob) -> str | None:
     """Keep the window's raw profile in the run (gzipped for Kineto JSON); its path."""
-    store = job.get("store")
-    if not store:
+    store = job.store
+    if store is None:
         return None
-    from ._hookcore import gzip_copy
-    from .store.writer import save_raw_trace
+    from .store.writer import gzip_copy, save_raw_trace
 
-    src = job["trace"]
-    if store.get("gzip"):
-        src = gzip_copy(src, os.path.join(os.path.dirname(src), store["name"]))
-    elif store.get("name") and os.path.basename(src) != store["name"]:
-        dest = os.path.join(os.path.dirname(src), store["name"])
+    src = job.trace
+    if store.gzip and store.name:
+        src = gzip_copy(src, os.path.join(os.path.dirname(src), store.name))
+    elif store.name and os.path.basename(src) != store.name:
+        dest = os.path.join(os.path.dirname(src), store.name)
         os.replace(src, dest)
         src = dest
-    return save_raw_trace(store["run_dir"], src, int(store["step"]), rank=store.get("rank"))
+    return save_raw_trace(store.run_dir, src, store.step, rank=store.rank)
 
 
 class Phases:
@@ -69,56 +108,51 @@ class Phases:
         self._wall, self._cpu = wall, cpu
 
 
-def job_context(job: dict[str, Any]) -> Any:
+def job_context(job: WindowJob) -> Any:
     """What the analysis knows beside the trace, from the job (stored with the raw trace)."""
     from .analysis.context import AnalysisContext
 
-    return AnalysisContext(key=job.get("key"), env=job.get("env"),
-                           telemetry=job.get("telemetry"), peak_tflops=job.get("peak_tflops"),
-                           topology=job.get("topology"))
+    return AnalysisContext(key=job.key, env=job.env, telemetry=job.telemetry,
+                           peak_tflops=job.peak_tflops, topology=job.topology)
 
 
-def _store_context(job: dict[str, Any], context: Any) -> None:
-    store = job.get("store")
-    if store:
+def _store_context(job: WindowJob, context: Any) -> None:
+    if job.store is not None:
         from .store.writer import save_context
 
-        save_context(store["run_dir"], int(store["step"]), context.to_dict(),
-                     rank=store.get("rank"))
+        save_context(job.store.run_dir, job.store.step, context.to_dict(), rank=job.store.rank)
 
 
-def run_job(job: dict[str, Any], phases: Phases | None = None) -> dict[str, Any]:
+def run_job(job: WindowJob, phases: Phases | None = None) -> WindowResult:
     """Store, then analyze (the raw profile is worth keeping even if the analysis fails)."""
     phases = phases or Phases()
     from .analysis.context import build_report_in_context
     from .readers import load_profile
 
     phases.done("imports")
-    out: dict[str, Any] = {"warnings": []}
+    out = WindowResult()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             context = job_context(job)
-            out["trace_path"] = _store_raw(job)
+            out.trace_path = _store_raw(job)
             _store_context(job, context)
             phases.done("store")
             # the raw file where it still is (the run got a gzipped copy: reading that back
             # would only decompress it again), else the one moved into the run
-            if not os.path.exists(job["trace"]):
-                job["trace"] = out["trace_path"] or job["trace"]
-            profile = load_profile(job["trace"], python_calls=False)  # a report reads none
+            trace = job.trace if os.path.exists(job.trace) else (out.trace_path or job.trace)
+            profile = load_profile(trace, python_calls=False)  # a report reads none
             phases.done("read")
-            if job.get("gpu_expected") and not profile.gpu:
-                out["warnings"].append(job["no_gpu_warning"])
+            if job.gpu_expected and not profile.gpu:
+                out.warnings.append(job.no_gpu_warning)
             report = build_report_in_context(profile, context)
-            if out["trace_path"]:  # the stored copy, as a path inside the run
-                report["source"]["path"] = os.path.relpath(out["trace_path"],
-                                                           job["store"]["run_dir"])
-            out["report"] = report
+            if out.trace_path and job.store is not None:  # the stored copy, inside the run
+                report["source"]["path"] = os.path.relpath(out.trace_path, job.store.run_dir)
+            out.report = report
             phases.done("report")
         except Exception as e:
-            out["error"] = f"{type(e).__name__}: {e}"
-    out["warnings"].extend(str(w.message) for w in caught)
+            out.error = f"{type(e).__name__}: {e}"
+    out.warnings.extend(str(w.message) for w in caught)
     return out
 
 
@@ -132,13 +166,17 @@ def _thread_count() -> int | None:
 
 def main() -> int:
     niceness = lower_priority()  # before the analysis's imports, which take CPU time too
-    job = json.load(sys.stdin)
+    try:
+        job = msgspec.json.decode(sys.stdin.buffer.read(), type=WindowJob)
+    except msgspec.MsgspecError as e:
+        write_all(sys.stdout.fileno(), encode(WindowResult(error=f"bad job: {e}")))
+        return 2
     phases = Phases()  # from here: reading the job is not part of the imports' time
     result = run_job(job, phases)
-    result["niceness"] = niceness
-    result["timing"] = {**phases.seconds, "cpu_s": round(time.process_time(), 4),
-                        "threads": _thread_count()}
-    write_all(sys.stdout.fileno(), json.dumps(result, default=str).encode())
+    result.niceness = niceness
+    result.timing = {**phases.seconds, "cpu_s": round(time.process_time(), 4),
+                     "threads": _thread_count()}
+    write_all(sys.stdout.fileno(), encode(result))
     return 0
 
 

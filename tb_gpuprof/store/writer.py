@@ -278,3 +278,10 @@ def replace_stored_report(events_path: str, step: int, report: dict[str, Any]) -
     if replaced != 1:
         raise ValueError(f"{events_path}: {replaced} reports at step {step}, expected one")
     _write_atomically(events_path, b"".join(out))
+
+
+def gzip_copy(src: str, dest: str) -> str:
+    """``dest``: a fast-compressed copy of ``src`` (raw traces are large, and stored once)."""
+    with open(src, "rb") as fin, gzip.open(dest, "wb", compresslevel=1) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return dest
