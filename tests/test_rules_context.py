@@ -130,9 +130,32 @@ def test_compile_names_the_graph_breaks_and_discounts_its_saving():
     assert rec["estimated_saving_ms"] < 0.6 * plain["estimated_saving_ms"]
 
 
+def test_host_sync_counts_the_dispatch_of_branches_on_gpu_values_in_the_forward():
+    # syncs in the middle half of the forward (an MoE's nonzero + `if` per expert): the host
+    # branches on GPU values there, and host_sync's fix (vectorised branches) takes that
+    # dispatch, and the backward's share of it, with the waits
+    rep = _with_forward_syncs("h200_loops/gpt2_eager.json.gz", 8)
+    bn = rep["bottleneck"]
+    assert 0.3 < bn["branch_share"] < 0.8  # the middle half of the forward's launches
+    rec = next(r for r in rep["recommendations"] if r["id"] == "host_sync")
+    ev = rec["evidence"]
+    waits_only = ev["refill_ms"] + ev["blocked_ms"]  # all the sync-wait-only fix can remove
+    assert rec["estimated_saving_ms"] > waits_only
+    assert rec["estimated_saving_ms"] <= rec["removable_ms"] + 1e-6
+    assert rec["removable_ms"] == pytest.approx(waits_only + ev["branch_dispatch_ms"],
+                                                abs=2e-3)
+    assert "cudaStreamSynchronize" in rec["problem"]
+    assert "grouped_mm" in rec["fix"]["pytorch"]
+
+
 def test_syncs_after_the_backward_are_no_graph_breaks():
-    # loss.item() and eight float(grad.norm()) after backward: compile's graph is whole
-    assert real_report("h200_loops/host_sync.json.gz")["bottleneck"]["graph_breaks"] == []
+    # loss.item() and eight float(grad.norm()) after backward: compile's graph is whole, and
+    # host_sync counts the waits only
+    rep = real_report("h200_loops/host_sync.json.gz")
+    assert rep["bottleneck"]["graph_breaks"] == []
+    assert rep["bottleneck"]["branch_dispatch_ms"] is None
+    rec = next(r for r in rep["recommendations"] if r["id"] == "host_sync")
+    assert "branch_dispatch_ms" not in rec["evidence"]
 
 
 def test_syncs_outside_the_model_leave_compile_measured_on_its_own():

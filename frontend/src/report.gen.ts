@@ -4,6 +4,8 @@
 export interface Bottleneck {
   basis: "profiled" | "unprofiled";
   bound: "communication" | "copy" | "data_wait" | "dispatch" | "gpu" | "host" | "mixed" | "no_gpu" | "sync";
+  branch_dispatch_ms?: number | null;
+  branch_share?: number | null;
   compiled_code?: string[];
   corrected_ms: Record<string, number> | null;
   corrected_pct: Record<string, number> | null;

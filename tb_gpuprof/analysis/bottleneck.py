@@ -109,6 +109,11 @@ class HostTimeline:
     # each iteration's forward and backward on the host (first forward kernel launch to last
     # backward launch): what torch.compile(model) compiles; empty when phases are unknown
     model: Coverage = field(default_factory=lambda: Coverage([]))
+    # where the forward branches on GPU values (graph breaks): per iteration its first to last
+    # forward sync, and the backward's span (first to last backward launch) that replays the
+    # same per-branch structure; both empty without graph breaks (host_sync's replay fix)
+    branches: Coverage = field(default_factory=lambda: Coverage([]))
+    backward: Coverage = field(default_factory=lambda: Coverage([]))
 
 
 def input_prep(host: HostTimeline, windows: Sequence[tuple[float, float]],

@@ -107,8 +107,17 @@ def fix_pinned_memory(v: int) -> Fix:
     return Fix(kernel_factor=factor, copy_call_rate=0.0)
 
 
-def fix_host_sync(v: int) -> Fix:
-    return Fix(syncs_wait=False)
+def fix_host_sync(v: int, branch_share: float = 0.0) -> Fix:
+    """No host waits on the GPU. ``branch_share``: with syncs inside the forward (graph
+    breaks), the share of the forward's dispatch where it branches on GPU values
+    (bottleneck.branch_share): the fix vectorises those branches, so that dispatch falls by
+    the ``vectorised_branch_dispatch`` factor, and the same share of the backward's (autograd
+    replays the forward's per-branch ops)."""
+    if branch_share <= 0.0:
+        return Fix(syncs_wait=False)
+    rate = 1.0 / _f("vectorised_branch_dispatch", v)
+    share = min(branch_share, 1.0)
+    return Fix(syncs_wait=False, branch_rate=rate, backward_rate=1.0 - share * (1.0 - rate))
 
 
 def fix_dispatch_overhead(v: int) -> Fix:
@@ -138,6 +147,9 @@ def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float
         share = (rec.get("evidence") or {}).get("compilable_share")
         if rec["id"] == "compile" and share is not None:
             build = partial(fix_compile, compilable=float(share))
+        branch = (rec.get("evidence") or {}).get("branch_share")
+        if rec["id"] == "host_sync" and branch:
+            build = partial(fix_host_sync, branch_share=float(branch))
         after = _counted_after(rec, ids)
         start = ([predicted_ms(replay, after(v), measured_ms, host_scale) for v in (0, 1, 2)]
                  if after else [measured_ms] * 3)
@@ -154,7 +166,9 @@ def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float
         rec["predicted_iteration_ms"] = round(start[0] - saving, 3)
         capped = bound is not None and max(start[0] - typical, 0.0) > bound
         rec["estimate_basis"] = (
-            f"re-timed the window with the fix applied ({_what(rec['id'])}), on the "
+            f"re-timed the window with the fix applied ({_what(rec['id'])}"
+            + ("; the forward's per-branch dispatch and the backward's share vectorised"
+               if rec["id"] == "host_sync" and branch else "") + "), on the "
             f"{basis} {measured_ms:.1f} ms iteration; the range uses the low and high "
             "speed-up factors"
             + (f"; capped at the {bound:.2f} ms of work the fix changes" if capped else "")

@@ -136,6 +136,11 @@ class Bottleneck(_Section, kw_only=True):
     # host time per iteration before the forward's first kernel launch in data-loader
     # fetches and op-less host work (the input's preparation), profiled; None: no forward
     input_prep_ms: Number | Later | None = UNSET
+    # with graph breaks: host framework time per iteration in the forward from its first to
+    # its last sync, plus the same share of the backward's (per-branch dispatch), profiled;
+    # and that share of the forward's framework time; None without graph breaks
+    branch_dispatch_ms: Number | Later | None = UNSET
+    branch_share: Number | Later | None = UNSET
 
 
 class Kernel(_Section, kw_only=True):

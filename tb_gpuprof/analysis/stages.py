@@ -886,14 +886,67 @@ def _forward_context(section: dict[str, Any], profile: Profile, linked: Linked,
     ``host`` the prep pieces and the model's spans that the savings' replay reads."""
     host_windows = linked.host_windows or windows
     fwd = _forward_kernel_launches(profile, linked.launches)
+    inside = _inside_forward(fwd, linked.launches, host_windows)
     section["graph_breaks"] = sync_sites(
-        profile, linked.launches, windows, host.blocking,
-        inside=_inside_forward(fwd, linked.launches, host_windows))
+        profile, linked.launches, windows, host.blocking, inside=inside)
+    section["branch_dispatch_ms"] = section["branch_share"] = None
+    if section["graph_breaks"]:
+        _branch_regions(section, profile, linked, host_windows, host, fwd, inside)
     section["input_prep_ms"], prep = input_prep(
         host, [(w.start_us, w.end_us) for w in host_windows],
         [_first_in(fwd, w.start_us, w.end_us) for w in host_windows])
     host.prep = Coverage(prep)  # input_pipeline's fix moves it to workers
     host.model = Coverage(_model_spans(fwd, linked.launches, host_windows))
+
+
+def _branch_regions(section: dict[str, Any], profile: Profile, linked: Linked,
+                    windows: list[IterationWindow], host: HostTimeline, fwd: np.ndarray,
+                    inside: Callable[[float], bool]) -> None:
+    """The dispatch that exists because the forward branches on GPU values (in place):
+    ``branch_dispatch_ms`` and ``branch_share`` in ``section``, ``host.branches`` and
+    ``host.backward`` for the replay (host_sync's fix, analysis/savings.py).
+
+    The region is, per iteration, the forward from its first sync to its last: there the host
+    reads a GPU value, branches on it (``nonzero`` + Python ``if``, ``.item()``) and issues
+    the branch's ops one branch at a time, so its framework time is per-branch dispatch
+    (the ops between two routed layers, attention say, are counted with it: the span is an
+    upper bound, and the fix's speed-up range says so). Model for the backward: autograd
+    replays the forward's ops one for one, so the region holds the same share of the
+    backward's dispatch as of the forward's (forward: first forward kernel launch to the
+    first backward launch). Profiled milliseconds per iteration."""
+    rt = profile.runtime
+    starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    at = np.flatnonzero(sync_call_mask(profile, host.blocking))
+    at = at[np.argsort(starts[at], kind="stable")]
+    bwd = np.sort(np.array([c.launch_us for c in linked.launches.values()
+                            if c.phase == BACKWARD], np.float64))
+    regions, backward = [], []
+    region_us = backward_us = forward_us = 0.0
+    for w in windows:
+        first = _first_in(fwd, w.start_us, w.end_us)
+        lo, hi = np.searchsorted(starts[at], w.start_us), np.searchsorted(starts[at], w.end_us)
+        inner = [i for i in at[lo:hi].tolist() if inside(float(starts[i]))]
+        b = bwd[np.searchsorted(bwd, w.start_us):np.searchsorted(bwd, w.end_us)]
+        if first is None or not inner or not len(b):
+            continue
+        span = (float(starts[inner[0]]), float(ends[inner[-1]]))
+        regions.append(span)
+        backward.append((float(b[0]), float(b[-1])))
+        region_us += _covered(host.framework, *span)
+        forward_us += _covered(host.framework, first, float(b[0]))
+        backward_us += _covered(host.framework, float(b[0]), float(b[-1]))
+    if not regions or forward_us <= 0:
+        return
+    share = min(region_us / forward_us, 1.0)
+    n = max(len(windows), 1)
+    section["branch_dispatch_ms"] = round((region_us + share * backward_us) / n / 1e3, 4)
+    section["branch_share"] = round(share, 4)
+    host.branches = Coverage(regions)
+    host.backward = Coverage(backward)
+
+
+def _covered(cov: Coverage, lo: float, hi: float) -> float:
+    return sum(e - s for s, e in cov.clip(lo, hi)) if hi > lo else 0.0
 
 
 def _forward_kernel_launches(profile: Profile, launches: dict[int, LaunchContext]
@@ -1037,7 +1090,8 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,
                         end_us=hi, glue_max_us=GLUE_MAX_US, classes=classes, times=times,
-                        prep=host.prep, model=host.model)
+                        prep=host.prep, model=host.model, branches=host.branches,
+                        backward=host.backward)
 
 
 def _percentile(values: list[float], q: float) -> float:

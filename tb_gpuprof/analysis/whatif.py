@@ -49,6 +49,14 @@ SPEEDUPS: dict[str, tuple[float, float, float]] = {
     # GPU keeps up: TF32 17.5 ms, bf16 autocast 22.3 / 25.8 ms (cast ops), compiled 14.0 ms
     "amp_dispatch": (0.79, 0.68, 0.90),
     "compile_dispatch": (1.6, 1.3, 2.2),  # eager -> torch.compile (fwd, bwd; AdamW eager)
+    # host dispatch of a forward that branches on GPU values once per branch (an MoE's
+    # per-expert loop: nonzero + if + index + MLP + index_add per expert), vectorised
+    # (grouped GEMM experts, masks): an op-count model, not a timing. n branches of k ops
+    # become about one branch's ops on grouped tensors plus the routing (sort, counts,
+    # gather/scatter), about 2k: n / 2 fewer ops. typical: n = 8 (Mixtral-style, 8 experts);
+    # low: n = 4, or the ops between the routed layers in the measured span (attention)
+    # that stay; high: all of it but one branch's worth (n = 8)
+    "vectorised_branch_dispatch": (4.0, 2.0, 8.0),
 }
 PINNED_H2D_BYTES_PER_US = 50e3  # 50 GB/s: pinned host-to-device copies on the H200 (56 measured)
 MIN_LAUNCH_LATENCY_US = 2.0
@@ -93,6 +101,10 @@ class Fix:
     data_rate: float = 1.0  # data-loader waits
     copy_call_rate: float = 1.0  # host calls of pageable host-to-device copies
     syncs_wait: bool = True
+    # framework time where the forward branches on GPU values (Replay's "branch" pieces) and
+    # inside the backward (its "backward" pieces), on top of framework_rate
+    branch_rate: float = 1.0
+    backward_rate: float = 1.0
 
 
 @dataclass(slots=True)
@@ -128,13 +140,16 @@ class Replay:
         # The same durations and rates replay to the same time: a fix whose variants differ
         # in nothing (input_pipeline), TF32 again under AMP, the base of every prediction.
         key = (durations_key, fix.framework_rate, fix.outside_rate, fix.data_rate,
-               fix.copy_call_rate, fix.syncs_wait, host_scale)
+               fix.copy_call_rate, fix.syncs_wait, host_scale, fix.branch_rate,
+               fix.backward_rate)
         if durations_key is not None and key in table.runs:
             return table.runs[key]
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0,
-                 "eager": host_scale}
+                 "eager": host_scale,
+                 "branch": fix.framework_rate * fix.branch_rate * host_scale,
+                 "backward": fix.framework_rate * fix.backward_rate * host_scale}
         now, origin, host_end0 = table.host_time_column(rates)
         if per_class is not None:  # the same divisions, in numpy (IEEE: the same quotients)
             durations = np.where(table.is_sync, 0.0, table.duration_column / np.maximum(
@@ -301,7 +316,10 @@ def _chain_loop(begin: np.ndarray, dur: np.ndarray, ready0: float, gap: float
 # "eager": framework time outside the model's forward and backward (the optimizer step, a
 # gradient norm, .item()): what torch.compile(model) leaves eager, so compile and autocast do
 # not change it
-KINDS = ("framework", "outside", "data", "copy_call", "sync", "eager")
+# "branch", "backward": the model's framework time where its forward branches on GPU values
+# and in its backward (HostTimeline.branches/backward: only with graph breaks), which
+# host_sync's fix vectorises
+KINDS = ("framework", "outside", "data", "copy_call", "sync", "eager", "branch", "backward")
 
 
 class _EventTable:
@@ -466,7 +484,9 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
                  data: Coverage, sync: Coverage, framework: Coverage, copy_calls: Coverage,
                  start_us: float, end_us: float, glue_max_us: float,
                  classes: np.ndarray | None = None, times: KernelTimes | None = None,
-                 prep: Coverage | None = None, model: Coverage | None = None) -> Replay:
+                 prep: Coverage | None = None, model: Coverage | None = None,
+                 branches: Coverage | None = None, backward: Coverage | None = None
+                 ) -> Replay:
     """Segments of [start, end) by the host's state, in the bottleneck model's precedence:
     data waits, syncs, copy calls, framework ops, then what is left (glue when short, else
     work outside ops). In columns: the pieces' ends are picked, never computed.
@@ -477,7 +497,9 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     op-less host time that prepares the input (bottleneck.input_prep): work outside ops
     however short, since no glue between two of the model's ops runs there. ``model``: the
     host spans of the model's forward and backward; framework time outside them is
-    ``eager`` (none given: all of it is the model's)."""
+    ``eager`` (none given: all of it is the model's). ``branches``, ``backward``: the spans
+    where the forward branches on GPU values and the backward's (the model's framework time
+    there is ``branch`` and ``backward``; none given: ``framework``)."""
     whole = (np.array([start_us], np.float64), np.array([end_us], np.float64))
     d, sy, cc, fw = (cov.clip_columns(*whole)[1:] for cov in (data, sync, copy_calls, framework))
     sy = _minus(sy, d)
@@ -498,8 +520,21 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
         if len(rest[0]):
             glue_out = short & ~(model.overlaps(rest[0], rest[1]) > 0)
             rest_kind = np.where(glue_out, KINDS.index("eager"), rest_kind)
+    br: _Columns = (fw[0][:0], fw[1][:0])
+    bw: _Columns = (fw[0][:0], fw[1][:0])
+    for spans_of, kind_of in ((branches, "branch"), (backward, "backward")):
+        if spans_of is None or not len(spans_of):
+            continue
+        arr = spans_of.arrays()
+        outside_of = _minus(fw, (arr[0], arr[1]))
+        inside_of = _minus(fw, outside_of)
+        fw = outside_of
+        if kind_of == "branch":
+            br = inside_of
+        else:
+            bw = inside_of
     parts = ((d, "data"), (sy, "sync"), (cc, "copy_call"), (fw, "framework"),
-             (eager, "eager"))
+             (eager, "eager"), (br, "branch"), (bw, "backward"))
     start = np.concatenate([p[0] for p, _ in parts] + [rest[0]])
     end = np.concatenate([p[1] for p, _ in parts] + [rest[1]])
     kind = np.concatenate([np.full(len(p[0]), KINDS.index(k)) for p, k in parts] + [rest_kind])
@@ -710,4 +745,6 @@ def compose(first: Fix, then: Fix) -> Fix:
                data_rate=first.data_rate * then.data_rate,
                copy_call_rate=first.copy_call_rate * then.copy_call_rate,
                syncs_wait=first.syncs_wait and then.syncs_wait,
-               by_class=first.by_class and then.by_class)
+               by_class=first.by_class and then.by_class,
+               branch_rate=first.branch_rate * then.branch_rate,
+               backward_rate=first.backward_rate * then.backward_rate)

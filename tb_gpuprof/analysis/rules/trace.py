@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..bottleneck import COMPILED_KERNEL_PREFIXES
+from ..whatif import SPEEDUPS
 from .build import recommendation
 
 # Shares are of total GPU time in the analyzed window unless named otherwise.
@@ -384,6 +385,23 @@ def rule_host_sync(report: dict[str, Any]) -> dict[str, Any] | None:
     # Without the syncs the host runs ahead: what goes is the GPU's idle after each sync and
     # the host's time blocked in them, no more.
     removable = round(refill + blocked, 3)
+    # Syncs inside the forward (graph breaks: nonzero, .item(), `if` on a GPU value) are the
+    # host branching on GPU values, one branch at a time: the dispatch between the forward's
+    # first and last sync (and its share of the backward, autograd replaying the same ops)
+    # exists only because of that, and vectorising the branches (grouped ops, masks) removes
+    # most of it (whatif.SPEEDUPS["vectorised_branch_dispatch"]: an op-count model). Scaled
+    # to the un-profiled time as the dispatch class is (the profiler inflates host time).
+    # Syncs outside the forward (loss.item(), gradient norms) branch nothing: no graph
+    # breaks, no change.
+    b_dispatch = float(b.get("branch_dispatch_ms") or 0.0) if b.get("graph_breaks") else 0.0
+    raw = (b.get("mean_ms") or {}).get("dispatch") or 0.0
+    if b_dispatch > 0 and raw > 0 and b.get("corrected_ms"):
+        b_dispatch *= min(ms.get("dispatch", raw) / raw, 1.0)
+    if b_dispatch > 0:
+        typical = SPEEDUPS["vectorised_branch_dispatch"][0]
+        saving = round(saving + min(b_dispatch * (1.0 - 1.0 / typical),
+                                    max(exposed - min(blocked, exposed), 0.0)), 3)
+        removable = round(removable + b_dispatch, 3)
     iter_ms = _iteration_ms(report)
     share = _pct(saving, iter_ms)
     if share < HOST_SYNC_MIN_PCT:
@@ -391,24 +409,50 @@ def rule_host_sync(report: dict[str, Any]) -> dict[str, Any] | None:
     per_iter = sum(s["count_per_iteration"] for s in sites)
     named = ", ".join(f"{s['op']} x{s['count_per_iteration']:g}"
                       + (f" at {s['source']}" if s.get("source") else "") for s in sites[:3])
-    return _rec("host_sync", "high" if share >= 20 else "medium",
-                "Stop synchronizing with the GPU every iteration",
-                f"The host blocks on the GPU {round(per_iter, 1)} times per iteration ({named}): "
-                f"{round(blocked, 2)} ms per iteration it waits instead of queuing work, and "
-                f"afterwards the GPU idles {round(refill, 2)} ms while the host launches the "
-                "next work from an empty queue. Reading a value on the host (.item(), float(t), "
-                "print(t), .cpu(), .tolist(), np.asarray) waits for every kernel queued before "
-                "it.",
-                {"blocked_ms": round(blocked, 3), "refill_ms": round(refill, 3),
-                 "exposed_host_ms": round(exposed, 3),
-                 "syncs_per_iteration": round(per_iter, 2), "sites": sites[:5]},
-                {"pytorch": "# accumulate on the device, read every N steps\n"
-                            "running = running + loss.detach()   # no .item() here\n"
-                            "if step % 50 == 0: print((running / 50).item()); running.zero_()",
-                 "keras": "# log less often: model.fit(..., steps_per_execution=N); avoid "
-                          "numpy() on tensors inside train_step",
-                 "jax": "# keep metrics as device arrays; jax.device_get them every N steps"},
-                saving, report, removable)
+    evidence = {"blocked_ms": round(blocked, 3), "refill_ms": round(refill, 3),
+                "exposed_host_ms": round(exposed, 3),
+                "syncs_per_iteration": round(per_iter, 2), "sites": sites[:5]}
+    problem = (f"The host blocks on the GPU {round(per_iter, 1)} times per iteration ({named}): "
+               f"{round(blocked, 2)} ms per iteration it waits instead of queuing work, and "
+               f"afterwards the GPU idles {round(refill, 2)} ms while the host launches the "
+               "next work from an empty queue. Reading a value on the host (.item(), float(t), "
+               "print(t), .cpu(), .tolist(), np.asarray) waits for every kernel queued before "
+               "it.")
+    fix = {"pytorch": "# accumulate on the device, read every N steps\n"
+                      "running = running + loss.detach()   # no .item() here\n"
+                      "if step % 50 == 0: print((running / 50).item()); running.zero_()",
+           "keras": "# log less often: model.fit(..., steps_per_execution=N); avoid "
+                    "numpy() on tensors inside train_step",
+           "jax": "# keep metrics as device arrays; jax.device_get them every N steps"}
+    title = "Stop synchronizing with the GPU every iteration"
+    if b_dispatch > 0:
+        breaks = ", ".join(f"{g['op']} x{g['count_per_iteration']:g}"
+                           for g in b["graph_breaks"][:4])
+        evidence.update(branch_dispatch_ms=round(b_dispatch, 3),
+                        branch_share=b.get("branch_share"))
+        title = "Keep the forward's data-dependent branches on the GPU, vectorised"
+        problem = (f"Inside the forward the host reads GPU values and branches on them "
+                   f"({breaks} per iteration: nonzero/where on a mask, `if` on a tensor, "
+                   ".item()), then issues each branch's ops one branch at a time (an MoE's "
+                   "per-expert loop, say); autograd replays the same per-branch ops in the "
+                   f"backward. About {round(b_dispatch, 1)} ms per iteration of host dispatch "
+                   "(the forward from its first to its last sync, and the backward's share) "
+                   "comes from that, besides the waits. " + problem)
+        fix = {"pytorch": "# route on the device, no nonzero + Python `if` per branch:\n"
+                          "# MoE: grouped-GEMM experts, e.g. transformers\n"
+                          "model = AutoModelForCausalLM.from_pretrained(..., "
+                          "experts_implementation=\"grouped_mm\")\n"
+                          "# or torch._grouped_mm over tokens sorted by expert; elsewhere\n"
+                          "# masks (torch.where, scatter/gather, index_add on all rows) "
+                          "instead of nonzero + if",
+               "keras": "# vectorise the branches: tf.where / masks, tf.math.segment_sum "
+                        "or a grouped einsum over experts instead of a Python loop on "
+                        "numpy() values",
+               "jax": "# data-dependent control flow on device: jnp.where, lax.cond/"
+                      "lax.select, segment_sum or ragged/grouped matmuls over experts "
+                      "(jax.lax.ragged_dot) instead of host branches"}
+    return _rec("host_sync", "high" if share >= 20 else "medium", title, problem, evidence,
+                fix, saving, report, removable)
 
 
 def rule_batch_size(report: dict[str, Any]) -> dict[str, Any] | None:
