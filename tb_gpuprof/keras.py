@@ -32,8 +32,9 @@ from typing import Any
 
 import keras
 
-from . import _keras_env, _torch_env
-from ._hookcore import GpuProfWarning, HookCore
+from .capture import keras_env as _keras_env
+from .capture import torch_env as _torch_env
+from .capture.hookcore import GpuProfWarning, HookCore
 from .store import layout
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
@@ -533,7 +534,7 @@ class _TorchWindow(_Window):
                                "already running in this process; no window report")
         from torch.profiler import ProfilerActivity, profile
 
-        from . import _torch_env
+        from .capture import torch_env as _torch_env
 
         activities = [ProfilerActivity.CPU]
         if self.cb.gpu:
@@ -550,7 +551,7 @@ class _TorchWindow(_Window):
                             profile_memory=self.cb.record_memory)
 
     def _phase(self, fn: Any) -> None:
-        from . import _torch_env
+        from .capture import torch_env as _torch_env
 
         with _torch_env.cupti_teardown_env(self._teardown):
             fn()

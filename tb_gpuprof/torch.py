@@ -30,8 +30,8 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from . import _torch_env
-from ._hookcore import GpuProfWarning, HookCore
+from .capture import torch_env as _torch_env
+from .capture.hookcore import GpuProfWarning, HookCore
 from .store import layout
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped

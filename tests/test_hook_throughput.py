@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tb_gpuprof._hookcore import HookCore
+from tb_gpuprof.capture.hookcore import HookCore
 from tb_gpuprof.store.writer import EventWriter
 from tests.h200 import report
 from tests.runs import read_scalars

@@ -34,8 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "capture": {"readers", "analysis", "store", "nvml", "pipeline"},
     "tools": {"readers", "analysis", "store", "nvml", "pipeline", "capture"},  # CLI, parallel, ...
 }
-CAPTURE = {"torch", "keras", "lightning", "transformers", "_hookcore", "_torch_env",
-           "_keras_env", "_window_child", "demo"}
+CAPTURE = {"torch", "keras", "lightning", "transformers", "demo"}  # and the capture/ package
 TOOLS = {"cli", "__main__", "parallel", "compare"}
 
 
@@ -53,6 +52,8 @@ def layer_of(module: str) -> str | None:
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in ("readers", "analysis", "store", "plugin", "nvml"):
         return parts[1]
+    if len(parts) >= 2 and parts[1] == "capture":
+        return "capture"
     if len(parts) == 2 and parts[1] == "pipeline":
         return "pipeline"
     if len(parts) == 2 and parts[1] in CAPTURE:

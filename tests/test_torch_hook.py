@@ -303,7 +303,7 @@ class _LegacyRaises:
 def test_tf32_flags_prefer_the_new_precision_api_and_survive_raising_legacy_reads():
     from types import SimpleNamespace
 
-    from tb_gpuprof._torch_env import tf32_flags
+    from tb_gpuprof.capture.torch_env import tf32_flags
 
     def fake_torch(matmul, conv, top="none"):
         def precision():
@@ -328,7 +328,7 @@ def test_tf32_flags_prefer_the_new_precision_api_and_survive_raising_legacy_read
 
 
 def test_tf32_flags_read_the_real_legacy_switches():
-    from tb_gpuprof._torch_env import cudnn_version_string, tf32_flags
+    from tb_gpuprof.capture.torch_env import cudnn_version_string, tf32_flags
 
     flags = tf32_flags(torch)
     assert flags["allow_tf32_cudnn"] is bool(torch.backends.cudnn.allow_tf32)
@@ -542,7 +542,7 @@ def test_a_failing_analysis_child_is_one_warning(tmp_path, monkeypatch):
 def test_cupti_teardown_env_is_scoped_to_the_call(monkeypatch):
     import os
 
-    from tb_gpuprof import _torch_env
+    from tb_gpuprof.capture import torch_env as _torch_env
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
     with _torch_env.cupti_teardown_env(True):
@@ -566,7 +566,7 @@ def test_cupti_teardown_hold_outlasts_the_stop(monkeypatch):
     import os
     import time
 
-    from tb_gpuprof import _torch_env
+    from tb_gpuprof.capture import torch_env as _torch_env
 
     for prior in (None, "0"):
         if prior is None:
@@ -603,7 +603,7 @@ def test_window_keeps_teardown_set_until_it_is_due_then_restores(tmp_path, monke
     that closes while it is held leaves the environment as it found it."""
     import os
 
-    from tb_gpuprof import _torch_env
+    from tb_gpuprof.capture import torch_env as _torch_env
 
     monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
 

@@ -1,4 +1,4 @@
-"""The analysis child's job (tb_gpuprof._window_child.run_job) on a real H200 trace: the raw
+"""The analysis child's job (tb_gpuprof.capture.window_child.run_job) on a real H200 trace: the raw
 profile is stored in the run, gzipped, and the analysis reads the uncompressed file it still
 has rather than decompressing the stored copy again."""
 
@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 import tb_gpuprof.readers as readers
-from tb_gpuprof._window_child import StoreSpec, WindowJob, WindowResult, encode, run_job
+from tb_gpuprof.capture.window_child import StoreSpec, WindowJob, WindowResult, encode, run_job
 
 HERE = os.path.dirname(__file__)
 TRACE_GZ = os.path.join(HERE, "data", "kineto_transformer_bf16_h200.json.gz")
@@ -66,7 +66,7 @@ def test_the_child_runs_one_thread_and_leaves_this_process_environment_alone(
     shows the extra threads, so the check can fail."""
     import sys
 
-    from tb_gpuprof import _hookcore
+    from tb_gpuprof.capture import hookcore as _hookcore
 
     if not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2:
         pytest.skip("counts threads in /proc on a machine of several CPUs")
@@ -90,7 +90,7 @@ def test_the_result_reaches_the_parent_in_few_reads_even_unbuffered(tmp_path, mo
     """Each read is a wake-up of the hook's analysis thread, which takes the GIL from
     training: the child writes its result at once, also under PYTHONUNBUFFERED=1 (a
     token-by-token ``json.dump`` made about 1,500 reads of this report)."""
-    from tb_gpuprof import _hookcore
+    from tb_gpuprof.capture import hookcore as _hookcore
 
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     raw, _ = raw_trace_and_reads(tmp_path, monkeypatch, "window_1_4.pt.trace.json")
@@ -133,7 +133,7 @@ def test_a_bad_job_is_one_error_line_from_the_child(tmp_path):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "tb_gpuprof._window_child"],
+    proc = subprocess.run([sys.executable, "-m", "tb_gpuprof.capture.window_child"],
                           input=b'{"trace": 3}', capture_output=True, timeout=120)
     assert proc.returncode == 2
     result = msgspec.json.decode(proc.stdout, type=WindowResult)

@@ -1,5 +1,5 @@
 """The window's analysis in a child process: read the profile, build the report, store the
-raw profile in the run. The hooks start it (``python -m tb_gpuprof._window_child``) so the
+raw profile in the run. The hooks start it (``python -m tb_gpuprof.capture.window_child``) so the
 analysis never competes with training for the training process's GIL, and it lowers its own
 CPU priority first thing (``lower_priority``: nice +19; this process only).
 
@@ -82,7 +82,7 @@ def _store_raw(job: WindowJob) -> str | None:
     store = job.store
     if store is None:
         return None
-    from .store.writer import gzip_copy, save_raw_trace
+    from ..store.writer import gzip_copy, save_raw_trace
 
     src = job.trace
     if store.gzip and store.name:
@@ -110,7 +110,7 @@ class Phases:
 
 def job_context(job: WindowJob) -> Any:
     """What the analysis knows beside the trace, from the job (stored with the raw trace)."""
-    from .analysis.context import AnalysisContext
+    from ..analysis.context import AnalysisContext
 
     return AnalysisContext(key=job.key, env=job.env, telemetry=job.telemetry,
                            peak_tflops=job.peak_tflops, topology=job.topology)
@@ -118,7 +118,7 @@ def job_context(job: WindowJob) -> Any:
 
 def _store_context(job: WindowJob, context: Any) -> None:
     if job.store is not None:
-        from .store.writer import save_context
+        from ..store.writer import save_context
 
         save_context(job.store.run_dir, job.store.step, context.to_dict(), rank=job.store.rank)
 
@@ -126,8 +126,8 @@ def _store_context(job: WindowJob, context: Any) -> None:
 def run_job(job: WindowJob, phases: Phases | None = None) -> WindowResult:
     """Store, then analyze (the raw profile is worth keeping even if the analysis fails)."""
     phases = phases or Phases()
-    from .analysis.context import build_report_in_context
-    from .readers import load_profile
+    from ..analysis.context import build_report_in_context
+    from ..readers import load_profile
 
     phases.done("imports")
     out = WindowResult()

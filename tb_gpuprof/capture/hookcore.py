@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from ._window_child import StoreSpec, WindowJob, WindowResult, encode
-from .store import layout
+from ..store import layout
+from .window_child import StoreSpec, WindowJob, WindowResult, encode
 
 # The window's analysis child gets this long before it is killed (a huge trace takes minutes).
 CHILD_TIMEOUT_S = 3600.0
@@ -37,7 +37,7 @@ UNPROFILED_WAIT_S = 10.0
 # 15 busy threads on the cores training runs on, for an analysis that does no linear algebra.
 CHILD_THREAD_LIMITS = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                        "MKL_NUM_THREADS": "1"}
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # Scalars of iterations after the window wait for its report (FLOPs) at most this many deep.
@@ -108,7 +108,7 @@ class HookCore:
         self.env: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None  # the window's report, once analyzed
         self.trace_path: str | None = None  # the stored raw profile, once saved
-        # the analysis child's niceness (_window_child; None: it could not lower it)
+        # the analysis child's niceness (window_child; None: it could not lower it)
         self.analysis_niceness: int | None = None
         # seconds of the last analysis's steps: the telemetry wait, the child (its own steps)
         self.analysis_timing: dict[str, Any] | None = None
@@ -157,12 +157,12 @@ class HookCore:
     # -- outputs: events file, NVML, scalar thread -------------------------------------------
 
     def _open_writer(self) -> None:
-        from .store.writer import EventWriter
+        from ..store.writer import EventWriter
 
         self._writer = EventWriter(self.run_dir, rank=self.rank)
 
     def _start_nvml(self, devices: list[int] | None = None) -> None:
-        from .nvml.sampler import NvmlSampler
+        from ..nvml.sampler import NvmlSampler
 
         kwargs: dict[str, Any] = ({} if self.nvml_interval_s is None
                                   else {"interval_s": self.nvml_interval_s})
@@ -236,7 +236,7 @@ class HookCore:
         if report is None or period is None or self.iter_stop is None or step < self.iter_stop:
             return values
         # a leaf module: importing analysis.throughput here held the GIL for 32-35 ms
-        from .analysis.live_throughput import section_scalars
+        from ..analysis.live_throughput import section_scalars
 
         return {**values, **section_scalars(report.get("throughput") or {}, period)}
 
@@ -271,7 +271,7 @@ class HookCore:
         sampler = self._sampler
         if sampler is None or not self._on.get("nvml") or len(sampler.devices) < 2:
             return None  # one GPU: nothing to place
-        from .nvml.topology import topology_from_backend
+        from ..nvml.topology import topology_from_backend
 
         return topology_from_backend(sampler.backend, [info.uuid for _, info in sampler.devices])
 
@@ -359,7 +359,7 @@ class HookCore:
 
 
 def run_window_child(job: WindowJob) -> WindowResult:
-    """Run ``job`` in ``python -m tb_gpuprof._window_child``; its result (or an ``error``).
+    """Run ``job`` in ``python -m tb_gpuprof.capture.window_child``; its result (or an ``error``).
 
     The child finds this very package (``PYTHONPATH`` is set for the child only) and sees
     the same environment otherwise, less its numerical libraries' threads
@@ -368,7 +368,7 @@ def run_window_child(job: WindowJob) -> WindowResult:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH"))
                                         if p)
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "tb_gpuprof._window_child"],
+        proc = subprocess.Popen([sys.executable, "-m", "tb_gpuprof.capture.window_child"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, close_fds=True)
     except OSError as e:

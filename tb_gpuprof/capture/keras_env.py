@@ -86,7 +86,7 @@ def tf32_flags(backend: str, fw: Any) -> dict[str, Any]:
                 (prec_s or "").lower() in _JAX_TF32_PRECISIONS,
                 "jax_default_matmul_precision": prec_s}
     if backend == "torch":
-        from . import _torch_env
+        from . import torch_env as _torch_env
 
         flags = _probe(lambda: _torch_env.tf32_flags(fw), {})
         return dict(flags)
