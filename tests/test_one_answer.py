@@ -15,6 +15,7 @@ from tb_gpuprof.pipeline import analyse_trace, run_report
 from tb_gpuprof.store import layout
 from tb_gpuprof.store.writer import EventWriter, save_context, save_raw_trace
 from tests.conftest import run_cli
+from tests.runs import tiny_cpu_hook_run
 
 DATA = Path(__file__).parent / "data"
 TRACE = DATA / "h200" / "resnet50_tf32.json.gz"
@@ -121,21 +122,11 @@ def test_a_run_that_cannot_hold_a_cache_is_refreshed_all_the_same(tmp_path):
 def test_a_hook_run_rebuilt_from_its_context_is_the_report_the_hook_stored(tmp_path):
     """The window child stores its context beside the raw trace: re-analysing the run gives
     the hook's own report, byte for byte (the same code path, the same inputs)."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from tb_gpuprof.store.reader import load_run_report
-    from tb_gpuprof.torch import GpuProfiler
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
     run = tmp_path / "hooked"
-    with GpuProfiler(str(run), iter_start=2, iter_stop=4, model=model, nvml=False) as prof:
-        for _ in range(7):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            prof.step()
+    tiny_cpu_hook_run(str(run))
     stored = load_run_report(str(run))
     context = json.loads(next(run.rglob(layout.CONTEXT_FILE_NAME)).read_text())
     assert context["env"]["framework"] == "pytorch" and "flags" in context["env"]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, TensorBoardProcess, fixture_path, get_json, run_cli, wait_until
+from tests.runs import tiny_cpu_hook_run
 
 from .kineto_synth import hostile_kernels, many_kernels, write_kineto_trace
 
@@ -104,24 +105,6 @@ def write_stale_run(run_dir: Path) -> None:
     save_context(run_dir, 23, AnalysisContext().to_dict())
 
 
-def write_cpu_only_run(run_dir: Path) -> None:
-    """A tiny real training loop on the CPU through GpuProfiler (no GPU activity at all)."""
-    import torch
-
-    from tb_gpuprof.torch import GpuProfiler
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
-    with GpuProfiler(str(run_dir), iter_start=2, iter_stop=4, model=model, nvml=False) as prof:
-        for _ in range(6):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            prof.step()
-
-
 def write_unreadable_run(run_dir: Path) -> None:
     """A report from a future tb_gpuprof (schema_version 99): the plugin must answer 422."""
     from tb_gpuprof.store.writer import EventWriter
@@ -151,7 +134,8 @@ def browser_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     record_fake_telemetry(logdir / RUN_KINETO)
     write_unreadable_run(logdir / RUN_UNREADABLE)
     write_stale_run(logdir / RUN_STALE)
-    write_cpu_only_run(logdir / RUN_CPU)  # last: the most recent run, and it has no GPU work
+    # last: the most recent run, and it has no GPU work (a real CPU loop through the hook)
+    tiny_cpu_hook_run(str(logdir / RUN_CPU), iterations=6)
     return logdir
 
 
