@@ -141,14 +141,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if args.reanalyze:
             raise GpuProfError("--reanalyze takes a run or log directory; a trace file is "
                                "always analysed afresh")
+        import msgspec
+
         from .pipeline import analyse_trace, trace_context
 
-        # a window's trace inside a run: with the context the hook stored beside it
-        context = trace_context(args.path)
-        for name in ("key", "iter_start", "iter_stop"):
-            if getattr(args, name) is not None:
-                setattr(context, name, getattr(args, name))
-        report = analyse_trace(args.path, context)
+        # a window's trace inside a run: with the context the hook stored beside it, and
+        # the options given here over it
+        given = {name: getattr(args, name) for name in ("key", "iter_start", "iter_stop")
+                 if getattr(args, name) is not None}
+        report = analyse_trace(args.path,
+                               msgspec.structs.replace(trace_context(args.path), **given))
     sys.stdout.write(render(report, fmt=args.format, top=args.top))
     return 0
 

@@ -14,9 +14,12 @@ import os
 import sys
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:  # the analysis is imported in the child only, never in the training process
+    from ..analysis.context import AnalysisContext
 
 
 class StoreSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -108,7 +111,7 @@ class Phases:
         self._wall, self._cpu = wall, cpu
 
 
-def job_context(job: WindowJob) -> Any:
+def job_context(job: WindowJob) -> AnalysisContext:
     """What the analysis knows beside the trace, from the job (stored with the raw trace)."""
     from ..analysis.context import AnalysisContext
 
@@ -116,7 +119,7 @@ def job_context(job: WindowJob) -> Any:
                            peak_tflops=job.peak_tflops, topology=job.topology)
 
 
-def _store_context(job: WindowJob, context: Any) -> None:
+def _store_context(job: WindowJob, context: AnalysisContext) -> None:
     if job.store is not None:
         from ..store.writer import save_context
 

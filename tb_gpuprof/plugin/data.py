@@ -25,6 +25,7 @@ from tensorboard.plugins import base_plugin
 from ..errors import GpuProfError
 from ..pipeline import current_report
 from ..store import layout, schema
+from ..store.reader import stored_identity
 from .views import KernelIndex
 
 SCALARS_PLUGIN = "scalars"
@@ -237,7 +238,7 @@ class PluginData:
             run_dir = self._run_dir(ref.run) if current else None
             if run_dir is not None:
                 report = current_report(run_dir, report, ref.step, ref.rank,
-                                        f"{ref.wall_time!r}:{len(blob)}")
+                                        stored_identity(ref.wall_time, blob))
             cached = CachedReport(report)
         except GpuProfError as e:
             with self._lock:

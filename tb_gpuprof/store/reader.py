@@ -124,8 +124,13 @@ class LocatedReport:
 
     @property
     def identity(self) -> str:
-        """What tells this stored report from another write of the same window."""
-        return f"{self.stored.wall_time!r}:{len(self.stored.blob)}"
+        return stored_identity(self.stored.wall_time, self.stored.blob)
+
+
+def stored_identity(wall_time: float, blob: bytes) -> str:
+    """What tells one stored report from another write of the same window (the key of its
+    refreshed copy, with the analysis id): the CLI's and the plugin's readers both use it."""
+    return f"{wall_time!r}:{len(blob)}"
 
 
 def locate_run_report(path: str, run: str | None = None,
