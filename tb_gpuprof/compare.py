@@ -11,17 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .analysis.rules import applied_flags
 from .analysis.throughput import throughput_section
 
-# Which recorded flags (report["system"]["flags"]) say that a recommendation's fix was applied;
-# ids as in analysis/rules/, flags as the PyTorch, Keras and Trainer hooks record them.
-FIX_FLAGS: dict[str, tuple[str, ...]] = {
-    "tf32": ("allow_tf32_matmul", "allow_tf32_cudnn", "float32_matmul_precision",
-             "tf32_enabled", "nvidia_tf32_override", "trainer_tf32"),
-    "amp": ("autocast", "mixed_precision_policy", "trainer_bf16", "trainer_fp16"),
-    "channels_last": ("channels_last",),
-    "compile": ("compiled", "jit_compile", "trainer_torch_compile"),
-}
 # FLOPs per iteration differing by more than this means A and B do different work (batch or
 # model changed), so their iteration times are not like for like.
 WORK_CHANGE_WARN_PCT = 5.0
@@ -89,7 +81,8 @@ def fixes_applied(a: dict[str, Any], b: dict[str, Any], measured_pct: float | No
     fb = (b.get("system") or {}).get("flags") or {}
     recs = {r.get("id"): r for r in a.get("recommendations") or ()}
     out = []
-    for rid, names in FIX_FLAGS.items():
+    # the flags each rule says show its fix in place (analysis/rules/)
+    for rid, names in applied_flags().items():
         changed = {f: [fa.get(f), fb.get(f)] for f in names
                    if (f in fa or f in fb) and fa.get(f) != fb.get(f)}
         if not changed:
@@ -219,4 +212,4 @@ def render_comparison(cmp: dict[str, Any], fmt: str = "text") -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FIX_FLAGS", "compare_reports", "render_comparison", "slowdown_reason"]
+__all__ = ["compare_reports", "render_comparison", "slowdown_reason"]

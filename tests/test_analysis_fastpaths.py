@@ -18,7 +18,7 @@ import pytest
 from tb_gpuprof.analysis import roofline, stages
 from tb_gpuprof.analysis.bottleneck import host_timeline
 from tb_gpuprof.analysis.columns import column_scope
-from tb_gpuprof.analysis.savings import FIXES
+from tb_gpuprof.analysis.rules import RULES
 from tb_gpuprof.model import Profile
 from tb_gpuprof.readers import load_profile
 
@@ -83,7 +83,8 @@ def test_the_replay_with_the_tallys_classes_and_remembered_runs_is_the_plain_one
                                  else None)
     plain = stages.window_replay(prof, tally.sim_kernels, host, sel.windows)
     assert given is not None and plain is not None
-    for name, build in FIXES.items():
+    fixes = {r.id: r.retiming.fix(None, plain) for r in RULES if r.retiming}
+    for name, build in fixes.items():
         for v in (0, 1, 2, 0):  # the last run is remembered: it must equal a fresh replay's
             fresh = stages.window_replay(prof, tally.sim_kernels, host, sel.windows)
             assert fresh is not None

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from tb_gpuprof.analysis.rules import RULES, Rule, recommend
+from tb_gpuprof.analysis.rules import RULES, Rule, RuleDoc, recommend
 from tb_gpuprof.store.reader import load_run_report
 from tests.nvml_fake import FakeGpu, FakeNvml
 from tests.test_nvml_advice import GIB_MIB, busy, summary
@@ -21,7 +21,7 @@ BUS = ["00000000:18:00.0", "00000000:2A:00.0", "00000000:9A:00.0", "00000000:AB:
 
 
 def test_rule_names_are_unique_and_precedence_names_real_rules() -> None:
-    names = [r.name for r in RULES]
+    names = [r.id for r in RULES]
     assert len(names) == len(set(names))
     assert all(s in names for r in RULES for s in r.supersedes)
 
@@ -31,7 +31,7 @@ def test_input_pipeline_supersedes_the_nvml_batch_size_advice() -> None:
     rep = copy.deepcopy(report("resnet18_slow_input"))
     rep["telemetry"] = summary({0: busy(20.0, 10 * GIB_MIB)})
     assert "input_pipeline" in rec_ids(rep)
-    without = tuple(r for r in RULES if r.name != "input_pipeline")
+    without = tuple(r for r in RULES if r.id != "input_pipeline")
     assert "batch_size" in [r["id"] for r in recommend(rep, rules=without)]
     assert "batch_size" not in [r["id"] for r in recommend(rep)]
 
@@ -42,7 +42,7 @@ def test_a_new_rule_is_one_registry_entry() -> None:
                                         "problem": "p", "evidence": {}, "fix": {},
                                         "estimated_saving_ms": None,
                                         "estimated_saving_pct": None},
-                 supersedes=("tf32",))
+                 RuleDoc("always", "never", "not estimated"), {}, supersedes=("tf32",))
     ids = [r["id"] for r in recommend(rep, rules=(*RULES, extra))]
     assert "always" in ids and "tf32" not in ids
     assert "tf32" in [r["id"] for r in recommend(rep)]

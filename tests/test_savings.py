@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from tb_gpuprof.analysis.intervals import Coverage
-from tb_gpuprof.analysis.savings import (
+from tb_gpuprof.analysis.rules.trace import (
     fix_amp,
     fix_compile,
     fix_host_sync,
     fix_input_pipeline,
     fix_tf32,
-    severity_for,
 )
+from tb_gpuprof.analysis.savings import severity_for
 from tb_gpuprof.analysis.whatif import (
     GPU_BOUND_HOST_SCALE,
     SPEEDUPS,
@@ -136,7 +136,7 @@ def test_a_fix_judged_per_kernel_class_replays_like_one_judged_per_kernel():
     replayed times are exactly those of calling it for every kernel."""
     import random
 
-    from tb_gpuprof.analysis.savings import fix_channels_last
+    from tb_gpuprof.analysis.rules.trace import fix_channels_last
 
     rng = random.Random(8)
     kernels, t = [], 0.0

@@ -18,14 +18,8 @@ from ..model import KERNEL, Profile
 from . import columns
 from .classify import classify_kernel
 from .intervals import Intervals, intersect, length, merge, subtract
-from .rules.build import by_saving
-from .rules.distributed import (
-    STRAGGLER_MIN_MS,
-    STRAGGLER_MIN_PCT,
-    rule_communication,
-    rule_distributed_backend,
-    rule_straggler,
-)
+from .rules import recommend_across_ranks
+from .rules.distributed import STRAGGLER_MIN_MS, STRAGGLER_MIN_PCT
 
 # Host-side names of collectives: the ranges gloo/NCCL/MPI/UCC backends record per collective
 # (``gloo:all_reduce`` on gloo's worker threads) and the c10d operators that launch them.
@@ -246,21 +240,5 @@ def cross_rank_summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
         if len(computes) > 1 and mean_compute > 0 else None,
         "recommendations": [],
     }
-    recs: dict[str, dict[str, Any]] = {}
-    straggler = rule_straggler(summary)
-    if straggler is not None:
-        recs["straggler"] = straggler
-    # Communication is judged on the rank that waits least: the others' exposed time also
-    # holds their wait for the slowest rank, which bucket sizes do not fix.
-    with_comm = [r for r in reports if (r.get("distributed") or {}).get("communication_us")]
-    if with_comm:
-        least = min(with_comm, key=lambda r: r["distributed"].get("exposed_pct") or 0.0)
-        rec = rule_communication(least)
-        if rec is not None:
-            recs["communication"] = rec
-    for r in reports:
-        rec = rule_distributed_backend(r)
-        if rec is not None:
-            recs.setdefault("distributed_backend", rec)
-    summary["recommendations"] = by_saving(list(recs.values()))
+    summary["recommendations"] = recommend_across_ranks(summary, reports)
     return summary

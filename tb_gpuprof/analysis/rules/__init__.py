@@ -1,68 +1,40 @@
 """Every recommendation rule, in one registry, with declared precedence.
 
-A rule reads :class:`RuleInput` (the report so far, and the host's GPU topology when the
-caller has one) and returns a recommendation (build.py's ``recommendation``) or None. Rules
+A rule is one :class:`Rule` object (rule.py): its detection, its one estimator, its fix per
+framework, the flags that show the fix is in place, its in-loop switch and its doc row. Rules
 come from the trace (trace.py), distributed training (distributed.py) and NVML telemetry and
-topology (nvml.py). ``supersedes`` names rules whose recommendation is dropped when this one
-fires: a bigger batch (NVML's batch_size) is no advice while the input pipeline stalls.
+topology (nvml.py); each file ends with its ``RULES``. ``supersedes`` names rules whose
+recommendation is dropped when this one fires: a bigger batch (NVML's batch_size) is no advice
+while the input pipeline stalls.
 
-Adding a rule: write the function next to its kind, add one ``Rule`` line to :data:`RULES`,
-document it in docs/recommendations.md (docs/design.md, "How to add").
+Adding a rule: write its detection, fix and estimator and one ``Rule`` in its kind's file, and
+its test; docs/recommendations.md's table is generated from :data:`RULES`
+(``python tools/rule_docs.py``; tests/test_rule_docs.py fails while it is stale).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from . import distributed, nvml, trace
 from .build import SEVERITY_ORDER, by_saving, recommendation
-
-Rec = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class RuleInput:
-    report: dict[str, Any]
-    topology: dict[str, Any] | None = None  # tb_gpuprof.nvml.topology's dict
-
-
-@dataclass(frozen=True)
-class Rule:
-    name: str  # unique; the recommendation's id unless two rules give the same advice
-    check: Callable[[RuleInput], Rec | None]
-    supersedes: tuple[str, ...] = ()
-    # advice read from the trace's GPU work: silent on a trace with no GPU activity at all
-    # (a CPU-only run)
-    needs_gpu: bool = True
-
-
-def _on_report(fn: Callable[[dict[str, Any]], Rec | None]) -> Callable[[RuleInput], Rec | None]:
-    return lambda inp: fn(inp.report)
-
-
-def _on_telemetry(fn: Callable[[dict[str, Any] | None], Rec | None]
-                  ) -> Callable[[RuleInput], Rec | None]:
-    return lambda inp: fn(inp.report.get("telemetry")) if inp.report.get("telemetry") else None
-
+from .rule import Rec, Retiming, Rule, RuleDoc, RuleInput
 
 # Order is the tie-break among equal savings and severities (the registry's order is kept).
-RULES: tuple[Rule, ...] = (
-    *(Rule(fn.__name__.removeprefix("rule_"), _on_report(fn),
-           ("nvml_batch_size",) if fn in (trace.rule_batch_size, trace.rule_input_pipeline)
-           else ())
-      for fn in trace.TRACE_RULES),
-    Rule("communication", _on_report(distributed.rule_communication), needs_gpu=False),
-    Rule("distributed_backend", _on_report(distributed.rule_distributed_backend),
-         needs_gpu=False),
-    # NVML's rules judge the GPUs' own telemetry and topology, not the trace: a trace
-    # without GPU activity (CUDA activity not recorded) does not silence them
-    Rule("throttling", _on_telemetry(nvml.throttling_advice), needs_gpu=False),
-    Rule("nvml_batch_size", _on_telemetry(nvml.batch_size_advice), needs_gpu=False),
-    Rule("gpu_placement", lambda inp: nvml.gpu_placement_advice(inp.topology),
-         needs_gpu=False),
-)
+RULES: tuple[Rule, ...] = (*trace.RULES, *distributed.RULES, *nvml.RULES)
+
+
+def rule(rule_id: str) -> Rule:
+    """The registered rule of that id (``KeyError`` names an unknown one)."""
+    for r in RULES:
+        if r.id == rule_id:
+            return r
+    raise KeyError(f"no rule {rule_id!r}: known are {', '.join(r.id for r in RULES)}")
+
+
+def retimed(rec_id: str) -> Retiming | None:
+    """The estimator of the recommendation with that id, where a rule re-times it."""
+    return next((r.retiming for r in RULES if r.id == rec_id and r.retiming), None)
 
 
 def has_gpu_activity(report: dict[str, Any]) -> bool:
@@ -75,11 +47,25 @@ def recommend(report: dict[str, Any], topology: dict[str, Any] | None = None,
     """The recommendations that fire and are not superseded, largest saving first."""
     inp = RuleInput(report, topology)
     gpu = has_gpu_activity(report)
-    fired = [(rule, rec) for rule in rules
-             if (gpu or not rule.needs_gpu) and (rec := rule.check(inp)) is not None]
-    dropped = {name for rule, _ in fired for name in rule.supersedes}
-    return by_saving([rec for rule, rec in fired if rule.name not in dropped])
+    fired = [(r, rec) for r in rules
+             if (gpu or not r.needs_gpu) and (rec := r.detect(inp)) is not None]
+    dropped = {name for r, _ in fired for name in r.supersedes}
+    return by_saving([rec for r, rec in fired if r.id not in dropped])
 
 
-__all__ = ["RULES", "SEVERITY_ORDER", "Rule", "RuleInput", "by_saving", "has_gpu_activity",
-           "recommend", "recommendation"]
+def recommend_across_ranks(summary: dict[str, Any], reports: list[dict[str, Any]],
+                           rules: tuple[Rule, ...] = RULES) -> list[Rec]:
+    """The recommendations of the rules that judge all ranks of a window together."""
+    recs = [rec for r in rules if r.across_ranks is not None
+            and (rec := r.across_ranks(summary, reports)) is not None]
+    return by_saving(recs)
+
+
+def applied_flags() -> dict[str, tuple[str, ...]]:
+    """Rule id -> the recorded flags that say its fix is in place (``compare``)."""
+    return {r.id: r.applied_flags for r in RULES if r.applied_flags}
+
+
+__all__ = ["RULES", "SEVERITY_ORDER", "Rule", "RuleDoc", "RuleInput", "applied_flags",
+           "by_saving", "has_gpu_activity", "recommend", "recommend_across_ranks",
+           "recommendation", "retimed", "rule"]

@@ -7,6 +7,7 @@ import statistics
 from typing import Any
 
 from .build import recommendation as _rec
+from .rule import Rule, RuleDoc, never, on_report
 
 # Rules (docs/recommendations.md).
 COMMUNICATION_MIN_EXPOSED_PCT = 10.0  # exposed communication, of wall time
@@ -66,6 +67,18 @@ def _uses_nccl(backend: str) -> bool:
     return "nccl" in backend.lower() or "rccl" in backend.lower()
 
 
+DISTRIBUTED_BACKEND_FIX: dict[str, str] = {
+    "pytorch": ("torch.distributed.init_process_group(backend=\"nccl\")\n"
+                "# or keep gloo for CPU tensors: backend=\"cpu:gloo,cuda:nccl\""),
+    "keras": ("tf.distribute.MultiWorkerMirroredStrategy(communication_options="
+              "tf.distribute.experimental.CommunicationOptions(\n"
+              "    implementation=tf.distribute.experimental."
+              "CommunicationImplementation.NCCL))"),
+    "jax": ("# JAX uses NCCL on GPUs; do not force a CPU collectives implementation "
+            "(jax_cpu_collectives_implementation) for GPU arrays"),
+}
+
+
 def rule_distributed_backend(report: dict[str, Any]) -> dict[str, Any] | None:
     """Training on GPUs with a non-NCCL process group (gloo/MPI move tensors through the host)."""
     dist = (report.get("system") or {}).get("distributed") or {}
@@ -79,15 +92,22 @@ def rule_distributed_backend(report: dict[str, Any]) -> dict[str, Any] | None:
                 "collectives copy every gradient through host memory and run on the CPU "
                 "instead of NVLink/InfiniBand with GPU-side reductions.",
                 {"backend": backend, "world_size": world},
-                {"pytorch": 'torch.distributed.init_process_group(backend="nccl")\n'
-                            '# or keep gloo for CPU tensors: backend="cpu:gloo,cuda:nccl"',
-                 "keras": "tf.distribute.MultiWorkerMirroredStrategy(communication_options="
-                          "tf.distribute.experimental.CommunicationOptions(\n"
-                          "    implementation=tf.distribute.experimental."
-                          "CommunicationImplementation.NCCL))",
-                 "jax": "# JAX uses NCCL on GPUs; do not force a CPU collectives "
-                        "implementation (jax_cpu_collectives_implementation) for GPU arrays"},
+                DISTRIBUTED_BACKEND_FIX,
                 None, None)
+
+
+STRAGGLER_FIX: dict[str, str] = {
+    "pytorch": ("# on the slow rank, check:\n"
+                "# - its GPU's telemetry (GPU tab of its run: clocks, throttling)\n"
+                "# - its input pipeline: DataLoader(num_workers=..., pin_memory=True)\n"
+                "# - CPU contention: OMP_NUM_THREADS, numactl/taskset per rank\n"
+                "# - even work: DistributedSampler, equal batch and sequence lengths "
+                "(padding/bucketing)"),
+    "keras": ("# on the slow worker, check its input pipeline (tf.data prefetch/AUTOTUNE),\n"
+              "# its GPU telemetry and that the data shards are even"),
+    "jax": ("# on the slow process, check its host input pipeline and GPU telemetry;\n"
+            "# keep per-device batch shapes equal"),
+}
 
 
 def rule_straggler(summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -115,14 +135,66 @@ def rule_straggler(summary: dict[str, Any]) -> dict[str, Any] | None:
                 {"rank": s["rank"], "slower_by_ms": s["slower_by_ms"],
                  "slower_by_pct": s["slower_by_pct"], "compute_gap_ms": compute_gap,
                  "load_imbalance": summary.get("load_imbalance")},
-                {"pytorch": "# on the slow rank, check:\n"
-                            "# - its GPU's telemetry (GPU tab of its run: clocks, throttling)\n"
-                            "# - its input pipeline: DataLoader(num_workers=..., pin_memory=True)\n"
-                            "# - CPU contention: OMP_NUM_THREADS, numactl/taskset per rank\n"
-                            "# - even work: DistributedSampler, equal batch and sequence "
-                            "lengths (padding/bucketing)",
-                 "keras": "# on the slow worker, check its input pipeline (tf.data prefetch/"
-                          "AUTOTUNE),\n# its GPU telemetry and that the data shards are even",
-                 "jax": "# on the slow process, check its host input pipeline and GPU "
-                        "telemetry;\n# keep per-device batch shapes equal"},
-                round(s["slower_by_ms"], 3), mean)
+                STRAGGLER_FIX, round(s["slower_by_ms"], 3), mean)
+
+
+def _least_waiting_rank(summary: dict[str, Any], reports: list[dict[str, Any]]
+                        ) -> dict[str, Any] | None:
+    """Communication judged on the rank that waits least: the others' exposed time also holds
+    their wait for the slowest rank, which bucket sizes do not fix."""
+    with_comm = [r for r in reports if (r.get("distributed") or {}).get("communication_us")]
+    if not with_comm:
+        return None
+    least = min(with_comm, key=lambda r: r["distributed"].get("exposed_pct") or 0.0)
+    return rule_communication(least)
+
+
+def _any_rank_backend(summary: dict[str, Any], reports: list[dict[str, Any]]
+                      ) -> dict[str, Any] | None:
+    return next((rec for r in reports if (rec := rule_distributed_backend(r)) is not None),
+                None)
+
+
+STRAGGLER_DOC = RuleDoc(
+    fires=("the rank with the largest working time (iteration − exposed communication) exceeds "
+           "the median of the other ranks by ≥ 10% and ≥ 1 ms"),
+    silent="one rank only, or below either bound",
+    estimate=("the excess working time (what the other ranks wait); severity high at ≥ 25%, "
+              "else medium"),
+    bound="–",
+    reads="every rank's report",
+)
+
+
+COMMUNICATION_DOC = RuleDoc(
+    fires="exposed (non-overlapped) communication ≥ 10% of wall time",
+    silent="no communication measured, or below 10%",
+    estimate=("half the exposed communication per iteration; severity high at ≥ 30%, else "
+              "medium"),
+    bound="the exposed communication",
+    reads="one rank's trace; every rank's (the rank that waits least)",
+)
+
+DISTRIBUTED_BACKEND_DOC = RuleDoc(
+    fires=("world size > 1, the backend is not NCCL (`gloo`, `mpi`, …; a per-device map like "
+           "`cpu:gloo,cuda:nccl` counts as NCCL) **and** the window holds GPU work"),
+    silent="CPU training (no GPU time: gloo is right there), single process, backend unknown",
+    estimate="not estimated; severity high",
+    bound="–",
+    reads="one rank's process group; every rank's",
+)
+
+# the straggler comes first: the order is the tie-break among equal savings and severities
+RULES: tuple[Rule, ...] = (
+    Rule("straggler", never, STRAGGLER_DOC, STRAGGLER_FIX,
+         not_verifiable="a rank's slowness is its machine's or its data's, not a setting",
+         needs_gpu=False, across_ranks=lambda summary, reports: rule_straggler(summary)),
+    Rule("communication", on_report(rule_communication), COMMUNICATION_DOC, COMMUNICATION_FIX,
+         not_verifiable="bucket sizes and gradient accumulation are fixed when DDP/FSDP wraps "
+                        "the model",
+         needs_gpu=False, across_ranks=_least_waiting_rank),
+    Rule("distributed_backend", on_report(rule_distributed_backend), DISTRIBUTED_BACKEND_DOC,
+         DISTRIBUTED_BACKEND_FIX,
+         not_verifiable="the process group's backend is chosen once, at init_process_group",
+         needs_gpu=False, across_ranks=_any_rank_backend),
+)

@@ -8,10 +8,12 @@ Inputs are ``report["telemetry"]`` (:meth:`NvmlSampler.window_summary`) and the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import combinations
 from typing import Any
 
 from .build import recommendation
+from .rule import Rec, Rule, RuleDoc, RuleInput
 
 MIN_SAMPLES = 5  # fewer samples than this say nothing about a window
 
@@ -41,6 +43,15 @@ def _memory_pct(mean: dict[str, float]) -> tuple[float | None, str]:
     if mean.get("fb_used_pct") is not None:
         return mean["fb_used_pct"], "device"
     return None, "unknown"
+
+
+NVML_BATCH_SIZE_FIX: dict[str, str] = {
+    "pytorch": ("# raise the batch size until memory is ~80% used; scale the learning rate with "
+                "it\n"
+                "loader = DataLoader(dataset, batch_size=2 * batch_size, ...)"),
+    "keras": "model.fit(x, y, batch_size=2 * batch_size, ...)",
+    "jax": "# feed larger per-device batches to the jitted step",
+}
 
 
 def batch_size_advice(telemetry: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -75,11 +86,7 @@ def batch_size_advice(telemetry: dict[str, Any] | None) -> dict[str, Any] | None
         {"gpus": [{"gpu": f[0], "memory_used_pct": round(f[1], 1),
                    "memory_source": f[2], f[3]: round(f[4], 1)} for f in found],
          "memory_threshold_pct": BATCH_MEMORY_PCT, "activity_threshold_pct": limit},
-        {"pytorch": ("# raise the batch size until memory is ~80% used; scale the learning "
-                     "rate with it\nloader = DataLoader(dataset, batch_size=2 * batch_size, "
-                     "...)"),
-         "keras": "model.fit(x, y, batch_size=2 * batch_size, ...)",
-         "jax": "# feed larger per-device batches to the jitted step"},
+        NVML_BATCH_SIZE_FIX,
         None, None)
 
 
@@ -166,3 +173,64 @@ def gpu_placement_advice(topology: dict[str, Any] | None) -> dict[str, Any] | No
          "keras": f"{env} python train.py",
          "jax": f"{env} python train.py"},
         None, None)
+
+
+def _on_telemetry(fn: Callable[[dict[str, Any] | None], Rec | None]
+                  ) -> Callable[[RuleInput], Rec | None]:
+    return lambda inp: fn(inp.report.get("telemetry")) if inp.report.get("telemetry") else None
+
+
+_HARDWARE = "the GPUs' clocks, cooling and placement are the machine's, not the training loop's"
+
+THROTTLING_DOC = RuleDoc(
+    fires=("on some GPU, clocks held down for ≥ 10% of samples by power (`sw_power_cap`, "
+           "`hw_power_brake_slowdown`), thermal (`sw_thermal_slowdown`, `hw_thermal_slowdown`) "
+           "or `hw_slowdown` clock events"),
+    silent="below 10%; `gpu_idle` and application-clock settings never count",
+    estimate=("not estimated; severity high when thermal ≥ 10%, `hw_slowdown` ≥ 10% or power ≥ "
+              "50%, else medium"),
+    bound="–",
+    reads="NVML telemetry",
+)
+
+NVML_BATCH_SIZE_DOC = RuleDoc(
+    fires=("on **every** sampled GPU: memory used < 50% — this process's memory "
+           "(`process_mem_mib / fb_total_mib`), else the whole device's (`fb_used_pct`, an "
+           "upper bound) — **and** GPM SM activity (`sm_active_pct`) < 50%, or, without GPM, "
+           "NVML utilization (`sm_util_pct`) < 60%"),
+    silent=("any GPU above either threshold (one busy GPU makes \"bigger batch\" wrong for the "
+            "job), memory or activity unknown"),
+    estimate=("not estimated; severity high when memory < 25% and activity < half its "
+              "threshold, else medium"),
+    bound="–",
+    reads="NVML telemetry",
+)
+
+GPU_PLACEMENT_DOC = RuleDoc(
+    fires=("the job uses ≥ 2 GPUs, some pair of them has no NVLink (`PIX`…`SYS` in the "
+           "topology), and the host has as many GPUs that are pairwise NVLink-connected "
+           "(directly or through NVSwitch); the fix names them (`CUDA_DEVICE_ORDER=PCI_BUS_ID "
+           "CUDA_VISIBLE_DEVICES=…`) — the seed's \"use NVLink-connected GPUs\" advice"),
+    silent=("single-GPU jobs, all job pairs NVLinked, or no NVLink-connected set of that size "
+            "on the host"),
+    estimate="not estimated; severity medium",
+    bound="–",
+    reads="the GPU topology (NVML)",
+)
+
+# NVML's rules judge the GPUs' own telemetry and topology, not the trace: a trace without GPU
+# activity (CUDA activity not recorded) does not silence them
+RULES: tuple[Rule, ...] = (
+    Rule("throttling", _on_telemetry(throttling_advice), THROTTLING_DOC,
+         {"system": "nvidia-smi -q -d PERFORMANCE,POWER,TEMPERATURE"},
+         not_verifiable=_HARDWARE, needs_gpu=False),
+    # the recommendation's id is batch_size, as the trace's rule gives the same advice
+    Rule("nvml_batch_size", _on_telemetry(batch_size_advice), NVML_BATCH_SIZE_DOC,
+         NVML_BATCH_SIZE_FIX,
+         not_verifiable=("the batch size is the data's shape and the optimisation's "
+                         "hyper-parameter: changing it mid-run changes what is trained"),
+         needs_gpu=False),
+    Rule("gpu_placement", lambda inp: gpu_placement_advice(inp.topology), GPU_PLACEMENT_DOC,
+         {"pytorch": "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=<NVLinked GPUs> torchrun"},
+         not_verifiable=_HARDWARE, needs_gpu=False),
+)
