@@ -20,9 +20,9 @@ def _check(doc_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     (tmp_path / "docs" / "recommendations.md").write_text(doc_text, encoding="utf-8")
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / "rule_docs.py").write_text(TOOL.read_text(encoding="utf-8"))
-    return subprocess.run([sys.executable, str(tmp_path / "tools" / "rule_docs.py"), "--check"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          check=False)
+    tool = str(tmp_path / "tools" / "rule_docs.py")
+    return subprocess.run([sys.executable, tool, "--check"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
 
 
 def test_the_docs_table_is_the_registry(tmp_path: Path) -> None:
