@@ -35,6 +35,7 @@ import keras
 from .capture import keras_env as _keras_env
 from .capture import torch_env as _torch_env
 from .capture.hookcore import GpuProfWarning, HookCore
+from .capture.torch_window import TorchProfilerWindow
 from .store import layout
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
@@ -518,83 +519,53 @@ class _JaxWindow(_Window):
 
 
 class _TorchWindow(_Window):
-    """torch.profiler driven by its phases: prepare (warm-up: CUPTI starts up, nothing is
-    kept), start (record), stop. Each call that starts or ends a Kineto trace runs with
-    TEARDOWN_CUPTI=1 unless CUDA graphs forbid it (_torch_env.cupti_teardown_env), and after
-    the stop it stays set until Kineto's teardown ran (_torch_env.CuptiTeardownHold)."""
+    """torch.profiler driven by its phases (TorchProfilerWindow): prepare (warm-up: CUPTI
+    starts up, nothing is kept), record, stop; a ProfilerStep#N range per execution."""
 
     gzip_raw = True
-    prof: Any = None
-    _teardown = False
+    win: TorchProfilerWindow | None = None
 
-    def _make(self) -> None:
-        torch = self.fw
-        if torch._C._autograd._profiler_enabled():
-            raise RuntimeError("another profiler (torch.profiler / autograd profiler) is "
-                               "already running in this process; no window report")
-        from torch.profiler import ProfilerActivity, profile
-
-        from .capture import torch_env as _torch_env
-
-        activities = [ProfilerActivity.CPU]
-        if self.cb.gpu:
-            activities.append(ProfilerActivity.CUDA)
-            self.cb._cupti_hold.release(force=True)  # an earlier window's: the user's value
-            on, warning = _torch_env.cupti_teardown_plan(torch)
-            self._teardown = on
-            if warning and "cupti teardown" not in self.cb._warned:
-                self.cb._warned.add("cupti teardown")
-                warnings.warn(f"tb_gpuprof: no CUPTI teardown after the window: {warning}",
-                              GpuProfWarning, stacklevel=2)
-        self.prof = profile(activities=activities, record_shapes=self.cb.record_shapes,
-                            with_flops=self.cb.with_flops, with_stack=self.cb.with_stack,
-                            profile_memory=self.cb.record_memory)
-
-    def _phase(self, fn: Any) -> None:
-        from .capture import torch_env as _torch_env
-
-        with _torch_env.cupti_teardown_env(self._teardown):
-            fn()
+    def _make(self) -> TorchProfilerWindow:
+        cb = self.cb
+        win = TorchProfilerWindow(self.fw, cb._cupti_hold, cb, cuda=cb.gpu)
+        win.teardown = TorchProfilerWindow.plan_teardown(
+            self.fw, cb._cupti_hold, cuda=cb.gpu, warned=cb._warned, stacklevel=3)
+        self.win = win
+        return win
 
     def warm_up(self) -> None:
         try:
-            self._make()
-            self._phase(self.prof.prepare_trace)
+            self._make().prepare()
         except Exception:
-            self.prof = None
+            self.win = None
             self.cleanup()
             raise
 
     def abort(self) -> None:
-        if self.prof is not None:
-            self.prof.start_trace()
-            self._stop()
+        if self.win is not None:
+            self.win.abort()
 
     def _start(self) -> None:
-        if self.prof is None:
-            self._make()
-            made: Any = self.prof  # set by _make (mypy keeps the None it narrowed to)
-            self._phase(made.prepare_trace)
-        self.prof.start_trace()
+        (self.win or self._make()).record()
 
     def _stop(self) -> None:
-        if self._teardown:
-            self.cb._cupti_hold.stop(self.prof.stop_trace)
-        else:
-            self.prof.stop_trace()
+        self._made().stop()
 
     def _new_marker(self, step: int) -> Any:
-        # the name torch.profiler's own schedule gives its step ranges
-        return self.fw.profiler.record_function(f"ProfilerStep#{step}")
+        return self._made().step_marker(step)
 
     def stop(self) -> None:
         """Stop, then export the trace and free the profiler's results here on the training
         thread: torch holds the GIL for both, so from the analysis thread they stalled
         training just as long, at a random step after the window
-        (``_torch_env.export_trace``)."""
+        (:meth:`TorchProfilerWindow.export`)."""
         super().stop()
-        _torch_env.export_trace(self.prof, self._trace_path())
-        self.prof = None
+        self._made().export(self._trace_path())
+
+    def _made(self) -> TorchProfilerWindow:
+        if self.win is None:
+            raise RuntimeError("the torch profiler window was not started")
+        return self.win
 
     def raw_trace(self) -> str:
         return self._trace_path()

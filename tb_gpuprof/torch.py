@@ -32,6 +32,7 @@ from typing import Any
 
 from .capture import torch_env as _torch_env
 from .capture.hookcore import GpuProfWarning, HookCore
+from .capture.torch_window import TorchProfilerWindow
 from .store import layout
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
@@ -150,7 +151,7 @@ class GpuProfiler(HookCore):
         self._pending: collections.deque[_Iter] = collections.deque()
         self._hooks: list[Any] = []
         self._autocast: str | None = None
-        self._window: Any = None  # the running torch.profiler.profile
+        self._window: TorchProfilerWindow | None = None
         self._window_t0 = 0.0
         self._recording = False  # the window's profiler is past its warm-up iteration
         self._nvtx_open = False
@@ -429,54 +430,22 @@ class GpuProfiler(HookCore):
         return max((self.iter_start or 0) - 1, 0)
 
     def _open_window(self, step: int) -> None:
-        torch = self._torch
-        if torch._C._autograd._profiler_enabled():
-            raise RuntimeError("another profiler (torch.profiler / autograd profiler) is already "
-                               "running in this process; no window report")
-        from torch.profiler import ProfilerAction, ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU]
-        if self.cuda:
-            activities.append(ProfilerActivity.CUDA)
         first = self.iter_start or 0
-
-        def schedule(n: int) -> Any:  # a schedule also makes the profiler emit ProfilerStep#N
-            return ProfilerAction.RECORD if n >= first else ProfilerAction.WARMUP
-
-        prof = profile(activities=activities, record_shapes=self.record_shapes,
-                       with_flops=self.with_flops, with_stack=self.with_stack,
-                       profile_memory=self.record_memory, schedule=schedule)
-        prof.step_num = step
-        prof.current_action = schedule(step)
-        if hasattr(prof, "_prev_schedule_action"):  # torch >= 2.12 keeps the schedule's view
-            prof._prev_schedule_action = prof.current_action
+        win = TorchProfilerWindow(self._torch, self._cupti_hold, self, cuda=self.cuda,
+                                  record_from=first)
         self._recording = False
         self._plan_cupti_teardown()
-        with _torch_env.cupti_teardown_env(self._teardown_cupti):
-            prof.start()
-        self._window = prof
-        if step >= first:
+        win.teardown = self._teardown_cupti
+        recording = win.start(step)
+        self._window = win
+        if recording:
             self._begin_recording()
 
     def _plan_cupti_teardown(self) -> None:
-        """Tear CUPTI down when the window's profiler stops (Kineto's TEARDOWN_CUPTI), unless
-        CUDA graphs forbid it: then say once what staying attached costs."""
-        self._cupti_hold.release(force=True)  # a previous window's: the user's value counts
-        self._teardown_cupti = False
-        if not self.cuda:
-            return  # no CUDA activity profiled: CUPTI is never attached
-        on, warning = _torch_env.cupti_teardown_plan(self._torch)
-        self._teardown_cupti = on
-        if warning and "cupti teardown" not in self._warned:
-            self._warned.add("cupti teardown")
-            warnings.warn(f"tb_gpuprof: no CUPTI teardown after the window: {warning}",
-                          GpuProfWarning, stacklevel=4)
-
-    def _stop_profiler(self, prof: Any) -> None:
-        if self._teardown_cupti:
-            self._cupti_hold.stop(prof.stop)
-        else:
-            prof.stop()
+        """Decide the next window's CUPTI teardown (TorchProfilerWindow.plan_teardown); a
+        method of the hook's own so that a test can force it on CPU, where it is off."""
+        self._teardown_cupti = TorchProfilerWindow.plan_teardown(
+            self._torch, self._cupti_hold, cuda=self.cuda, warned=self._warned, stacklevel=4)
 
     def _begin_recording(self) -> None:
         torch = self._torch
@@ -517,23 +486,25 @@ class GpuProfiler(HookCore):
             self._probe = None
 
     def _stop_window(self, stop: int) -> None:
-        prof, self._window = self._window, None
+        win, self._window = self._window, None
+        if win is None:
+            return
         torch = self._torch
         self._end_recording()
-        self._stop_profiler(prof)
+        win.stop()
         window = (self._window_t0, time.time())
         convs = getattr(self, "_probe_convs", None) if self.model is None else None
         env = _torch_env.record_env(torch, model=self.model, convs=convs,
                                     autocast=self._autocast, device=self._device)
         self.env = env
-        raw = self._export_window(prof, stop - 1)
+        raw = self._export_window(win, stop - 1)
         self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
                                           args=(raw, stop - 1, env, window))
         self._analysis.start()
 
-    def _export_window(self, prof: Any, step: int) -> str:
+    def _export_window(self, win: TorchProfilerWindow, step: int) -> str:
         """The window's trace file, exported here on the training thread right after the
-        profiler's stop, and the profiler's results freed (``_torch_env.export_trace``).
+        profiler's stop, and the profiler's results freed (:meth:`TorchProfilerWindow.export`).
         torch holds the GIL for both, so from the analysis thread they stalled training just
         as long, at a random iteration after the window; here they land in the window's
         last iteration, as the stop does."""
@@ -541,7 +512,7 @@ class GpuProfiler(HookCore):
         tmp = tempfile.mkdtemp(prefix="tb_gpuprof_")
         raw = os.path.join(tmp, f"window_{self.iter_start}_{step + 1}.pt.trace.json")
         try:
-            _torch_env.export_trace(prof, raw)
+            win.export(raw)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -549,11 +520,12 @@ class GpuProfiler(HookCore):
         return raw
 
     def _abort_window(self, exc: BaseException | str) -> None:
-        prof, self._window = self._window, None
+        win, self._window = self._window, None
         try:
             self._end_recording()
-            self._stop_profiler(prof)
-        except Exception:
+            if win is not None:
+                win.abort()
+        except Exception:  # giving the window up must not fail training either
             pass
         if exc:
             self._fail("window", exc)

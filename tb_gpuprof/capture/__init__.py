@@ -6,6 +6,8 @@
   job and result.
 - :mod:`.torch_env` / :mod:`.keras_env`: what the PyTorch and Keras hooks read from their
   framework (flags, autocast, compile state, memory, CUPTI's teardown).
+- :mod:`.torch_window`: the one ``torch.profiler`` window the PyTorch hook and the Keras
+  callback's torch backend both run.
 
 The public adapters (``tb_gpuprof.torch``, ``.keras``, ``.lightning``, ``.transformers``)
 stay where users import them and stay thin. Nothing here is imported by ``import
