@@ -88,10 +88,17 @@ def fixes_applied(a: dict[str, Any], b: dict[str, Any], measured_pct: float | No
         if not changed:
             continue
         rec = recs.get(rid) or {}
+        verified = (rec.get("verified") or {}).get("saving_pct")
         out.append({"id": rid, "flags": changed,
                     "recommended_by_a": rid in recs,
                     "predicted_saving_pct": rec.get("estimated_saving_pct"),
                     "predicted_saving_ms": rec.get("estimated_saving_ms"),
+                    # what A's run measured in its own loop (verify=), where it did: the
+                    # expectation the change is held to, before the prediction
+                    "verified_saving_pct": verified,
+                    "expected_saving_pct": verified if verified is not None
+                    else rec.get("estimated_saving_pct"),
+                    "expected_from": "verified" if verified is not None else "predicted",
                     "measured_saving_pct": measured_pct})
     for f in out:
         f["combined"] = len(out) > 1
@@ -194,13 +201,13 @@ def render_comparison(cmp: dict[str, Any], fmt: str = "text") -> str:
                   else f"B is {1 / s:.2f}x slower than A."]
     if cmp["fixes"]:
         lines += ["", "Fixes applied between A and B (recorded flags):",
-                  f"  {'fix':16}{'predicted by A':>16}{'measured':>20}  flags"]
+                  f"  {'fix':16}{'expected by A':>22}{'measured':>20}  flags"]
         for f in cmp["fixes"]:
             flags = ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in f["flags"].items())
-            pred = (_num(f["predicted_saving_pct"], "%") if f["recommended_by_a"]
-                    else "not recommended")
+            pred = (_num(f["expected_saving_pct"], "%") + f" ({f['expected_from']})"
+                    if f["recommended_by_a"] else "not recommended")
             meas = _num(f["measured_saving_pct"], "%") + (" (together)" if f["combined"] else "")
-            lines.append(f"  {f['id']:16}{pred:>16}{meas:>20}  {flags}")
+            lines.append(f"  {f['id']:16}{pred:>22}{meas:>20}  {flags}")
     if cmp["kernels"]:
         lines += ["", "Kernels that changed most (ms per iteration):",
                   f"  {'A':>9}{'B':>9}{'change':>9}  kernel"]

@@ -20,6 +20,7 @@ This module is named like the framework; ``torch`` itself is imported lazily via
 from __future__ import annotations
 
 import collections
+import copy
 import importlib
 import os
 import shutil
@@ -27,13 +28,15 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .capture import torch_env as _torch_env
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
 from .store import layout
+
+DEFAULT_VERIFY_MAX_S = 600.0  # verify=: the whole verification's time cap
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
 # (the GPU never lags that far behind in practice; this only bounds memory).
@@ -110,6 +113,15 @@ class GpuProfiler(HookCore):
         peak_tflops: the GPU's dense BF16 peak TFLOP/s for MFU, instead of the built-in table.
         extra_flags: more flags for the report's ``system.flags`` (framework adapters record
             their own settings there, e.g. the Hugging Face Trainer's ``fp16``/``bf16``).
+        optimizer: the optimizer being stepped (optional): verification moves its state with
+            the parameters' memory format (channels_last).
+        verify: after the window's report, measure its fixes inside this training loop
+            (docs/verify.md): ``True`` for the top fixes, or a list of fix ids (``"tf32"``,
+            ``"amp"``, ``"channels_last"``, ``"compile"``); each is switched on and off in
+            blocks of iterations, then every setting is restored. Default ``False``.
+        verify_compile: let verification try ``torch.compile`` (``model.compile()`` in place):
+            it costs the compile time, which the report gives.
+        verify_max_s: the most seconds the whole verification may take (default 600).
     """
 
     def __init__(self, logdir: str | os.PathLike[str], iter_start: int | None = None,
@@ -121,7 +133,9 @@ class GpuProfiler(HookCore):
                  cuda_profiler_api: bool = True, memory: bool = True,
                  memory_interval_s: float = 0.1, scalars: bool = True, flush_secs: float = 1.0,
                  peak_tflops: float | None = None,
-                 extra_flags: dict[str, Any] | None = None) -> None:
+                 extra_flags: dict[str, Any] | None = None, optimizer: Any = None,
+                 verify: bool | Sequence[str] = False, verify_compile: bool = False,
+                 verify_max_s: float = DEFAULT_VERIFY_MAX_S) -> None:
         # run_dir: ``logdir``, or ``logdir/rank<r>`` for rank r > 0 (set at start(), once
         # torch.distributed is up). iteration: index of the iteration in progress.
         self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
@@ -137,6 +151,11 @@ class GpuProfiler(HookCore):
         self.extra_flags = dict(extra_flags or {})
         self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
         self.model = model
+        self.optimizer = optimizer
+        self._verify, self._verify_compile, self._verify_max_s = _verify_options(
+            verify, verify_compile, verify_max_s)
+        self._verifier: Any = None  # capture/verification.LoopVerifier, while it runs
+        self._verify_state = "waiting" if self._verify else "off"  # -> running -> done
         self._want = {"nvml": nvml, "nvtx": nvtx, "cuda_profiler_api": cuda_profiler_api,
                       "memory": memory, "scalars": scalars, "model_hooks": model_hooks}
         self._torch: Any = None
@@ -246,6 +265,9 @@ class GpuProfiler(HookCore):
                           GpuProfWarning, stacklevel=2)
         if self._nvtx_open:
             self._guard("nvtx", self._torch.cuda.nvtx.range_pop, when="nvtx")
+        if self._verifier is not None:  # the loop ended mid-verification: undo, store so far
+            self._verifier.stop()
+            self._guard("verify", self._store_verification)
         for h in self._hooks:
             h.remove()
         self._cupti_hold.release(force=True)
@@ -360,6 +382,8 @@ class GpuProfiler(HookCore):
         elif on["window"] and self._analysis is None and i + 1 == self._window_opens_at():
             self._guard("window", self._open_window, i + 1, when="window")
             moved = True
+        if self._verify_state != "off" and self._verify_state != "done":
+            moved = self._verify_step(rec.wall_ms) or moved
         self.iteration = i + 1
         # The hook's own window start/stop (can take seconds) is not charged to an iteration.
         self._begin_iteration(time.perf_counter() if moved else t)
@@ -550,6 +574,62 @@ class GpuProfiler(HookCore):
             shutil.rmtree(os.path.dirname(raw), ignore_errors=True)
             self.analysis_seconds = time.perf_counter() - t0
 
+    # -- verification (verify=) ------------------------------------------------------------
+
+    def _verify_step(self, iteration_ms: float) -> bool:
+        """Drive the verification one iteration; True when it switched something (its own
+        time is then not charged to the next iteration)."""
+        if self._verify_state == "waiting":
+            if self.report is None or self._window is not None or (
+                    self._analysis is not None and self._analysis.is_alive()):
+                return False
+            self._verifier = self._guard("verify", self._make_verifier)
+            self._verify_state = "running" if self._verifier is not None else "done"
+            return False
+        verifier = self._verifier
+        try:
+            verifier.on_step(iteration_ms)
+        except Exception as e:  # a bug of ours: undo what is switched, stop verifying
+            self._fail("verify", e)
+            verifier.stop()
+        if verifier.done:
+            self._guard("verify", self._store_verification)
+            self._verifier, self._verify_state = None, "done"
+        return verifier.phase == "trial"
+
+    def _make_verifier(self) -> Any:
+        from .capture import switches
+        from .capture.verification import LoopVerifier, plan_fixes
+
+        assert self.report is not None
+        torch, model, optimizer = self._torch, self.model, self.optimizer
+        plan = plan_fixes(self.report, self._verify, self._verify_compile,
+                          lambda fix_id: _switch_for(fix_id, model, optimizer))
+        return LoopVerifier(
+            plan, sync=torch.cuda.synchronize if self.cuda else (lambda: None),
+            snapshot=lambda: switches.snapshot(model, optimizer),
+            requested=[p.fix_id for p in plan[1:]], max_seconds=self._verify_max_s,
+            warn=lambda msg: warnings.warn(msg, GpuProfWarning, stacklevel=4))
+
+    def _store_verification(self) -> None:
+        """The report again, with what the loop measured; and the window's stored context,
+        so that a re-analysis keeps it (analysis/context.py)."""
+        from .analysis.verify import attach_verification
+        from .store.reader import read_context_beside
+        from .store.writer import save_context, traces_dir
+
+        verifier, self._verifier = self._verifier, None
+        if verifier is None or self.report is None or self.iter_stop is None:
+            return
+        section = verifier.section()
+        report = copy.deepcopy(self.report)
+        attach_verification(report, section)
+        step = self.iter_stop - 1
+        context = read_context_beside(os.path.join(traces_dir(self.run_dir, step, self.rank),
+                                                   "trace")) or {}
+        save_context(self.run_dir, step, {**context, "verification": section}, rank=self.rank)
+        self._store_report(report, step)
+
     def _not_unprofiled(self, step: int) -> bool:
         """Iterations whose period says nothing about the un-profiled loop: 0 (start-up), the
         profiler's warm-up, the window, and the one after it (CUPTI's teardown runs there)."""
@@ -570,6 +650,36 @@ class GpuProfiler(HookCore):
             (self.iter_stop - 1) if self.report is not None and self.iter_stop is not None
             else None,
             {"distributed": dist})
+
+
+def _verify_options(verify: Any, verify_compile: Any, max_s: Any
+                    ) -> tuple[bool | list[str], bool, float]:
+    """verify=, verify_compile=, verify_max_s=, checked once (a TypeError/ValueError names
+    the bad one)."""
+    if not isinstance(verify, bool):
+        if isinstance(verify, str) or not all(isinstance(v, str) for v in verify):
+            raise TypeError(f"verify must be True, False or a list of fix ids, got {verify!r}")
+        verify = list(verify)
+    if not isinstance(verify_compile, bool):
+        raise TypeError(f"verify_compile must be True or False, got {verify_compile!r}")
+    if not max_s > 0:
+        raise ValueError(f"verify_max_s must be positive, got {max_s}")
+    return verify, verify_compile, float(max_s)
+
+
+def _switch_for(fix_id: str, model: Any, optimizer: Any) -> tuple[Any | None, str | None]:
+    """The in-loop switch the fix's rule names (analysis/rules: the rule owns it), or why
+    there is none."""
+    from .analysis.rules import rule
+
+    try:
+        r = rule(fix_id)
+    except KeyError as e:
+        return None, str(e).strip("'\"")
+    if r.switch is None:
+        return None, r.not_verifiable
+    module, name = r.switch.split(":")
+    return getattr(importlib.import_module(module), name)(model, optimizer), None
 
 
 def close_or_warn(prof: GpuProfiler | None) -> None:

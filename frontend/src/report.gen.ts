@@ -238,6 +238,7 @@ export interface Recommendation {
   removable_ms?: number | null;
   severity: "high" | "low" | "medium";
   title: string;
+  verified?: VerifiedSaving | null;
 }
 
 /** Set on a report rebuilt from a run's stored trace because the stored report was made by another analysis (tb_gpuprof/pipeline.py): what was stored, and how it was rebuilt. */
@@ -272,6 +273,7 @@ export interface Report {
   telemetry: Telemetry | null;
   tensor_cores: TensorCores;
   throughput?: Throughput;
+  verification?: Verification | null;
   warnings: string[];
 }
 
@@ -411,4 +413,34 @@ export interface Throughput {
   precision_source: "flags" | "kernel_flops" | "precision_us" | "unknown";
   precision_utilization_pct?: number | null;
   time_source: "unprofiled_median_ms" | "window_median_ms";
+}
+
+/** What ``verify=`` did after the window: the trials of the top fixes in the running loop, and the check that training went on as before (analysis/verify.py, docs/verify.md). */
+export interface Verification {
+  after_ms: number | null;
+  after_within_noise: boolean | null;
+  before_ms: number | null;
+  block_iterations: number | null;
+  iterations: number;
+  noise_pct: number | null;
+  note?: string | null;
+  requested: string[];
+  restored: boolean;
+  seconds: number;
+  status: "capped" | "done" | "failed";
+  trials: Record<string, VerifiedSaving>;
+}
+
+/** A fix measured inside the training loop (``verify=`` on the hooks; analysis/verify.py): blocks of iterations without and with it, interleaved ABBA, after a warm-up. */
+export interface VerifiedSaving {
+  blocks?: number;
+  interval_pct?: number[] | null;
+  iterations?: number;
+  ratio?: number | null;
+  reason?: string | null;
+  saving_pct?: number | null;
+  seconds?: number;
+  status: "failed" | "measured" | "no_change" | "not_verifiable" | "stopped";
+  verdict: string;
+  warmup_seconds?: number | null;
 }

@@ -17,6 +17,7 @@ import msgspec
 from ..errors import StoredDataError
 from ..model import Profile
 from .report import build_report
+from .verify import attach_verification
 
 # The report's ``system`` fields that come from the trace, not from the hook: left out of a
 # recovered context so that the re-analysis reads them from the trace again.
@@ -32,6 +33,8 @@ class AnalysisContext(msgspec.Struct, kw_only=True, omit_defaults=True):
     telemetry: dict[str, Any] | None = None
     peak_tflops: float | None = None
     topology: dict[str, Any] | None = None
+    # what verify= measured in the running loop after the window (schema.Verification)
+    verification: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -48,10 +51,13 @@ def context_from_dict(data: Any, where: str) -> AnalysisContext:
 def build_report_in_context(profile: Profile, context: AnalysisContext) -> dict[str, Any]:
     """The report of ``profile`` with everything ``context`` holds: the one way from a trace
     and its context to a report, for the hooks' window and every re-analysis."""
-    return build_report(profile, key=context.key, iter_start=context.iter_start,
-                        iter_stop=context.iter_stop, env=context.env,
-                        telemetry=context.telemetry, peak_tflops=context.peak_tflops,
-                        topology=context.topology)
+    report = build_report(profile, key=context.key, iter_start=context.iter_start,
+                          iter_stop=context.iter_stop, env=context.env,
+                          telemetry=context.telemetry, peak_tflops=context.peak_tflops,
+                          topology=context.topology)
+    if context.verification:
+        attach_verification(report, context.verification)
+    return report
 
 
 def recover_context(stored: dict[str, Any], topology: dict[str, Any] | None = None
@@ -70,7 +76,8 @@ def recover_context(stored: dict[str, Any], topology: dict[str, Any] | None = No
             if throughput.get("peak_source") == "peak_tflops argument" else None)
     key = iterations.get("key") if iterations.get("method") == "key_range" else None
     return AnalysisContext(key=key, env=system or None, telemetry=stored.get("telemetry"),
-                           peak_tflops=peak, topology=topology)
+                           peak_tflops=peak, topology=topology,
+                           verification=stored.get("verification"))
 
 
 __all__ = ["AnalysisContext", "build_report_in_context", "context_from_dict",

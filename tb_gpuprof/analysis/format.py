@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from typing import Any
 
 CSV_FIELDS = ["name", "kind", "count", "total_us", "mean_us", "min_us", "max_us", "pct",
@@ -155,6 +156,11 @@ def _text(report: dict[str, Any], top: int) -> str:
         add(f"  {i}. [{r['id']}] {r['title']} ({r['severity']}"
             + (f", saves ~{saving:.1f} ms/iteration" if saving else "")
             + (f", {rng[0]:.0f}–{rng[1]:.0f}%" if rng else "") + ")")
+        verified = r.get("verified")
+        if verified:
+            add(f"     predicted {_predicted(r)} · verified in the loop: {verified['verdict']}"
+                f" ({verified.get('iterations', 0)} iterations, "
+                f"{verified.get('seconds') or 0.0:.1f} s)")
         add(f"     {r['problem']}")
         for fw in ("pytorch", "keras", "jax"):
             fix = (r.get("fix") or {}).get(fw)
@@ -163,6 +169,32 @@ def _text(report: dict[str, Any], top: int) -> str:
                 add(f"     {fw + ':':<9}{first}")
                 for line in rest:
                     add(f"              {line}")
+    _verification_lines(report.get("verification"), add)
     for w in report.get("warnings") or []:
         add(f"warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+def _predicted(rec: dict[str, Any]) -> str:
+    pct = rec.get("estimated_saving_pct")
+    return f"{pct:.0f}%" if pct is not None else "not estimated"
+
+
+def _verification_lines(section: dict[str, Any] | None, add: Callable[[str], None]) -> None:
+    """The verification run's own figures: noise, cost, and that training went on as before."""
+    if not section:
+        return
+    add("")
+    add(f"Verification in the training loop ({section['status']}): "
+        f"{section['iterations']} iterations, {section['seconds']:.1f} s, blocks of "
+        f"{section.get('block_iterations')} (block noise {section.get('noise_pct')}%); "
+        f"settings restored: {'yes' if section.get('restored') else 'NO'}")
+    before, after = section.get("before_ms"), section.get("after_ms")
+    if before and after:
+        add(f"  iteration before the trials {before:.2f} ms, after {after:.2f} ms"
+            + ("" if section.get("after_within_noise") is not False
+               else " (outside the noise measured before)"))
+    for fix, trial in (section.get("trials") or {}).items():
+        add(f"  {fix}: {trial['verdict']}")
+    if section.get("note"):
+        add(f"  {section['note']}")

@@ -354,6 +354,21 @@ class Roofline(_Section, kw_only=True):
     over_ceiling: list[OverCeiling]
 
 
+class VerifiedSaving(_Section, kw_only=True):
+    """A fix measured inside the training loop (``verify=`` on the hooks; analysis/verify.py):
+    blocks of iterations without and with it, interleaved ABBA, after a warm-up."""
+    status: Literal["measured", "no_change", "failed", "not_verifiable", "stopped"]
+    verdict: str  # one line: "saves X% [lo%, hi%]", "no measurable change (within ±Y%)", ...
+    saving_pct: Number | None = None  # 100 (1 - ratio)
+    interval_pct: list[Number] | None = None  # [lo, hi] of saving_pct
+    ratio: Number | None = None  # iteration time with the fix / without it
+    blocks: int = 0  # completed blocks, warm-up excluded
+    iterations: int = 0  # every iteration the trial ran, warm-up included
+    seconds: Number = 0.0  # their recorded time
+    reason: str | None = None  # why not verifiable, why failed or stopped
+    warmup_seconds: Number | None = None  # the fix's first switch-on (compile: its compile time)
+
+
 class Recommendation(_Section, kw_only=True):
     id: str
     severity: Severity
@@ -370,6 +385,7 @@ class Recommendation(_Section, kw_only=True):
     # the most the fix can remove per iteration (the time of the work it changes): the
     # estimated saving never exceeds it; None where no rule bound applies
     removable_ms: Number | None = None
+    verified: VerifiedSaving | None = None  # measured in the loop, where verify= ran it
 
 
 class MemorySeries(_Section, kw_only=True):
@@ -444,6 +460,23 @@ class Refreshed(_Section, kw_only=True):
     reason: str  # one sentence for the user
 
 
+class Verification(_Section, kw_only=True):
+    """What ``verify=`` did after the window: the trials of the top fixes in the running loop,
+    and the check that training went on as before (analysis/verify.py, docs/verify.md)."""
+    requested: list[str]  # fix ids asked for (``verify=True``: the report's top fixes)
+    block_iterations: int | None  # iterations per block, sized from the loop's own noise
+    noise_pct: Number | None  # block-to-block variation at that size (CV of block means)
+    iterations: int  # every iteration the verification ran, the noise run included
+    seconds: Number
+    before_ms: Number | None  # median iteration before the trials (the noise run)
+    after_ms: Number | None  # median iteration after them, every setting restored
+    after_within_noise: bool | None  # after_ms within the before run's spread
+    restored: bool  # every setting a switch touched is as it was (checked by snapshot)
+    status: Literal["done", "capped", "failed"]
+    note: str | None = None
+    trials: dict[str, VerifiedSaving]  # fix id -> its trial (a null "aa" trial too)
+
+
 class Report(_Section, kw_only=True):
     """The whole report (docs/report-schema.md)."""
     schema_version: int
@@ -469,6 +502,7 @@ class Report(_Section, kw_only=True):
     roofline: Roofline | Later = UNSET
     recommendations: list[Recommendation]
     warnings: list[str]
+    verification: Verification | None = None
 
 
 def validate_report(report: dict[str, Any]) -> Report:

@@ -315,6 +315,19 @@ function Breakdown({ report, dark }: { report: Report; dark: boolean }) {
 
 const FRAMEWORKS: [string, string][] = [["pytorch", "PyTorch"], ["keras", "Keras"], ["jax", "JAX"]];
 
+/** Predicted · verified: the replay's estimate beside what the training loop itself measured. */
+function VerifiedLine({ rec }: { rec: Recommendation }) {
+  const v = rec.verified;
+  if (!v) return null;
+  const predicted = rec.estimated_saving_pct != null ? fmtPct(rec.estimated_saving_pct, 0) : "not estimated";
+  const cost = `${v.iterations} iterations, ${fmtMs((v.seconds ?? 0) * 1000)}${v.warmup_seconds != null ? ` + ${fmtMs(v.warmup_seconds * 1000)} warm-up` : ""}`;
+  return (
+    <p class="muted" data-testid="predicted-verified">
+      Predicted {predicted} · verified in the training loop: {v.verdict} ({cost}){v.reason ? `: ${v.reason}` : ""}.
+    </p>
+  );
+}
+
 export function RecommendationCard({ rec, preferred, openKernels }: { rec: Recommendation; preferred: string; openKernels?: OpenKernels }) {
   const fixes = FRAMEWORKS.filter(([k]) => rec.fix?.[k]);
   const extra = Object.keys(rec.fix ?? {}).filter((k) => !FRAMEWORKS.some(([f]) => f === k)).map((k): [string, string] => [k, k]);
@@ -331,8 +344,10 @@ export function RecommendationCard({ rec, preferred, openKernels }: { rec: Recom
           {rec.estimated_saving_ms != null ? `saves ~${fmtMs(rec.estimated_saving_ms)}` : ""}
           {rec.estimated_saving_pct != null ? ` (${fmtPct(rec.estimated_saving_pct, 0)})` : ""}
           {rec.estimated_range_pct ? ` · range ${fmtPct(rec.estimated_range_pct[0], 0)}–${fmtPct(rec.estimated_range_pct[1], 0)}` : ""}
+          {rec.verified ? <> · <span class={`verified ${rec.verified.status}`} data-testid="verified">verified: {rec.verified.verdict}</span></> : null}
         </span>
       </div>
+      {rec.verified ? <VerifiedLine rec={rec} /> : null}
       <p>{rec.problem}</p>
       {rec.estimate_basis ? <p class="muted" data-testid="estimate-basis">Estimate: {rec.estimate_basis}.</p> : null}
       {evidence.length ? <Evidence evidence={rec.evidence ?? {}} open={openKernels} /> : null}

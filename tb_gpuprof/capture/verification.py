@@ -1,0 +1,292 @@
+"""``verify=``: the report's top fixes tried inside the running training loop, then undone.
+
+After the window's report exists, the hook hands every iteration's wall time to a
+:class:`LoopVerifier`, which tells it what to switch before the next iteration:
+
+1. **noise**: ``noise_iterations`` un-switched iterations give the loop's own block-to-block
+   noise, which sizes the blocks (analysis/verify.block_size), and the speed before the trials;
+2. **trials**, one fix after another: blocks without and with the fix, ABBA BAAB ..., the
+   first iterations after each switch discarded (analysis/verify.Trial); an A/A control
+   ("aa": a switch that changes nothing) runs first, as a check on the statistics in this loop;
+3. **after**: every switch restored, as many iterations as the noise run timed again; their
+   median must lie within that run's noise (``after_within_noise``); a snapshot of every
+   setting a switch may touch (capture/switches.snapshot) taken before and after the trials
+   must be equal (``restored``).
+
+The GPU is synchronised (once) before each switch, so the work queued in one state is timed in
+that state's block. A switch that raises fails its trial (``failed``, with the reason) after
+it is restored; training goes on. The whole verification is capped by ``max_seconds``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis import verify as stats
+from ..analysis.schema import VerifiedSaving
+
+NULL_FIX = "aa"  # the A/A control's id in the report's ``verification.trials``
+DEFAULT_TOP_FIXES = 3  # verify=True: this many of the report's top fixes
+DEFAULT_MAX_SECONDS = 600.0  # the whole verification, noise and after-run included
+AFTER_TOLERANCE_FLOOR_PCT = 1.0  # "within the noise" is never asked tighter than this
+
+
+class NullSwitch:
+    """The A/A control: a fix that changes nothing."""
+    fix_id = NULL_FIX
+    warmup_hint_iterations = 0
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def apply(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        pass
+
+
+@dataclass
+class _Planned:
+    fix_id: str
+    switch: Any | None  # an InLoopSwitch (capture/switches.py) or None
+    reason: str | None = None  # why there is no switch
+
+
+@dataclass
+class LoopVerifier:
+    """The state machine :class:`~tb_gpuprof.torch.GpuProfiler` drives once per iteration."""
+    plan: list[_Planned]
+    sync: Callable[[], None]  # waits for the GPU (torch.cuda.synchronize)
+    snapshot: Callable[[], Any]  # every setting a switch may touch
+    requested: list[str]
+    noise_iterations: int = stats.DEFAULT_NOISE_ITERATIONS
+    max_seconds: float = DEFAULT_MAX_SECONDS
+    max_trial_seconds: float = stats.DEFAULT_MAX_SECONDS
+    warn: Callable[[str], None] = lambda msg: None
+    phase: str = "noise"  # noise | trial | after | done
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    results: dict[str, VerifiedSaving] = field(default_factory=dict)
+    block: int | None = None
+    noise_pct: float | None = None
+    _trial: stats.Trial | None = None
+    _current: _Planned | None = None
+    _on: bool = False
+    _t0: float = field(default_factory=time.perf_counter)
+    _iterations: int = 0
+    _state_before: Any = None
+    _capped: bool = False
+    _switch_started: float | None = None
+    _applied_once: bool = False
+    _warmup_s: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def on_step(self, iteration_ms: float) -> None:
+        """One iteration ended: record it, then set the fixes for the next one."""
+        self._iterations += 1
+        if self.phase == "noise":
+            self._noise(iteration_ms)
+        elif self.phase == "trial":
+            self._in_trial(iteration_ms)
+        elif self.phase == "after":
+            self.after.append(iteration_ms)
+            if len(self.after) >= len(self.before):
+                self.phase = "done"
+        if self.phase in ("noise", "trial") and \
+                time.perf_counter() - self._t0 > self.max_seconds:
+            self._cap()
+
+    # -- phases ------------------------------------------------------------------------------
+
+    def _noise(self, ms: float) -> None:
+        self.before.append(ms)
+        if len(self.before) < self.noise_iterations:
+            return
+        self.block = stats.block_size(self.before)
+        noise = stats.block_noise(self.before, self.block)
+        self.noise_pct = round(100.0 * noise, 3) if noise is not None else None
+        self._state_before = self.snapshot()
+        self.phase = "trial"
+        self._next_fix()
+
+    def _next_fix(self) -> None:
+        while self.plan:
+            planned = self.plan.pop(0)
+            if planned.switch is None:
+                self.results[planned.fix_id] = stats.not_verifiable(planned.reason or "")
+                continue
+            why = planned.switch.unavailable()
+            if why:
+                self.results[planned.fix_id] = stats.not_verifiable(why)
+                continue
+            assert self.block is not None
+            warmup = max(stats.DEFAULT_WARMUP,
+                         int(getattr(planned.switch, "warmup_hint_iterations", 0) or 0))
+            self._current = planned
+            self._trial = stats.Trial(self.block, warmup=warmup,
+                                      max_seconds=self.max_trial_seconds)
+            self._switch_started = None
+            self._set(self._trial.next_state())
+            return
+        self._finish_trials()
+
+    def _in_trial(self, ms: float) -> None:
+        trial, planned = self._trial, self._current
+        assert trial is not None and planned is not None
+        if self._switch_started is not None:  # the fix's first switch-on (compile): its cost
+            self._warmup_s = time.perf_counter() - self._switch_started
+            self._switch_started = None
+        trial.record(ms)
+        if trial.done:
+            self._close_trial()
+            return
+        self._set(trial.next_state())
+
+    def _set(self, on: bool) -> None:
+        """Switch the current fix for the next iteration (a no-op when already so)."""
+        planned, trial = self._current, self._trial
+        assert planned is not None and planned.switch is not None and trial is not None
+        if on == self._on:
+            return
+        try:
+            self.sync()  # the work queued in the last state is timed in its own block
+            if on:
+                first = not self._applied_once
+                planned.switch.apply()
+                if first:
+                    self._applied_once = True
+                    self._switch_started = time.perf_counter()
+            else:
+                planned.switch.restore()
+            self._on = on
+        except Exception as e:  # the fix failed in this loop: undo it, say so, train on
+            trial.fail(f"switching {planned.fix_id} raised {type(e).__name__}: {e}")
+            self.warn(f"tb_gpuprof: verifying {planned.fix_id} failed and was undone: {e}")
+            self._close_trial()
+
+    def _close_trial(self) -> None:
+        planned, trial = self._current, self._trial
+        assert planned is not None and planned.switch is not None and trial is not None
+        try:
+            self.sync()
+            planned.switch.restore()
+        except Exception as e:
+            trial.fail(f"restoring {planned.fix_id} raised {type(e).__name__}: {e}")
+        self._on = False
+        result = trial.result()
+        warm = self._warmup_s
+        hint = int(getattr(planned.switch, "warmup_hint_iterations", 0) or 0)
+        if warm is not None and hint > 0:
+            result = _with(result, warmup_seconds=round(warm, 3))
+        self.results[planned.fix_id] = result
+        self._current, self._trial, self._applied_once, self._warmup_s = None, None, False, None
+        self._next_fix()
+
+    def _finish_trials(self) -> None:
+        self.phase = "after" if self.before else "done"
+
+    def stop(self) -> None:
+        """Training ended (or a failure of ours) mid-verification: undo the fix in trial."""
+        if not self.done:
+            self._cap()
+            self.phase = "done"
+
+    def _cap(self) -> None:
+        """The whole verification ran out of time: undo the fix in trial, skip the rest."""
+        self._capped = True
+        if self._current is not None and self._trial is not None:
+            self._close_trial_quietly()  # what it measured so far (``stopped`` if too little)
+        for planned in self.plan:
+            self.results[planned.fix_id] = VerifiedSaving(
+                status="stopped", verdict="not tried: the verification's time cap was reached",
+                reason=f"capped at {self.max_seconds:.0f} s")
+        self.plan = []
+        if self.phase == "noise":
+            self.phase = "done"
+        else:
+            self._finish_trials()
+
+    def _close_trial_quietly(self) -> None:
+        plan, self.plan = self.plan, []
+        self._close_trial()
+        self.plan = plan
+
+    # -- the answer --------------------------------------------------------------------------
+
+    def section(self) -> dict[str, Any]:
+        """The report's ``verification`` section (schema.Verification)."""
+        before = statistics.median(self.before) if self.before else None
+        after = statistics.median(self.after) if self.after else None
+        restored = self._state_before is None or self.snapshot() == self._state_before
+        failed = any(r.status == "failed" for r in self.results.values())
+        return {
+            "requested": self.requested, "block_iterations": self.block,
+            "noise_pct": self.noise_pct, "iterations": self._iterations,
+            "seconds": round(time.perf_counter() - self._t0, 3),
+            "before_ms": round(before, 4) if before else None,
+            "after_ms": round(after, 4) if after else None,
+            "after_within_noise": _within_noise(self.before, self.after),
+            "restored": restored,
+            "status": "capped" if self._capped else ("failed" if failed else "done"),
+            "note": None if restored else "a setting a switch touched differs from before the "
+                                          "trials (capture/switches.snapshot)",
+            "trials": {k: _builtins(v) for k, v in self.results.items()},
+        }
+
+
+def _with(result: VerifiedSaving, **changes: Any) -> VerifiedSaving:
+    import msgspec
+
+    return msgspec.structs.replace(result, **changes)
+
+
+def _builtins(result: VerifiedSaving) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.to_builtins(result)
+
+
+def _within_noise(before: list[float], after: list[float]) -> bool | None:
+    """Whether the after-run's median is the before-run's, within 3 standard errors of the
+    difference of two medians (iteration spread from the before-run), and at least
+    :data:`AFTER_TOLERANCE_FLOOR_PCT`."""
+    if len(before) < 3 or len(after) < 3:
+        return None
+    mb, ma = statistics.median(before), statistics.median(after)
+    # the median's standard error is ~1.25 sigma / sqrt(n); sigma from the IQR (robust)
+    q = statistics.quantiles(before, n=4)
+    sigma = (q[2] - q[0]) / 1.349
+    se = 1.25 * sigma * (1 / len(before) + 1 / len(after)) ** 0.5
+    tolerance = max(3 * se, mb * AFTER_TOLERANCE_FLOOR_PCT / 100.0)
+    return abs(ma - mb) <= tolerance
+
+
+def plan_fixes(report: dict[str, Any], verify: bool | list[str], verify_compile: bool,
+               make_switch: Callable[[str], tuple[Any | None, str | None]]) -> list[_Planned]:
+    """What to try, in order: the A/A control, then the fixes asked for (``verify=True``: the
+    report's top :data:`DEFAULT_TOP_FIXES`; torch.compile only with ``verify_compile``)."""
+    if verify is True:
+        ids = [r["id"] for r in report.get("recommendations") or []][:DEFAULT_TOP_FIXES]
+    else:
+        ids = list(verify or [])
+    plan = [_Planned(NULL_FIX, NullSwitch())]
+    for fix_id in ids:
+        if fix_id in ("compile", "dispatch_overhead") and not verify_compile:
+            plan.append(_Planned(fix_id, None, "compiling costs its compile time: "
+                                 "verify_compile=True tries it"))
+            continue
+        switch, reason = make_switch(fix_id)
+        plan.append(_Planned(fix_id, switch, reason))
+    return plan
+
+
+__all__ = ["DEFAULT_MAX_SECONDS", "DEFAULT_TOP_FIXES", "NULL_FIX", "LoopVerifier",
+           "NullSwitch", "plan_fixes"]
