@@ -211,7 +211,8 @@ def test_cross_rank_analysis_finds_the_injected_straggler(reports) -> None:
 
 
 def test_distributed_backend_rule_is_silent_on_a_cpu_gloo_run(reports) -> None:
-    from tb_gpuprof.analysis.distributed import cross_rank_summary, rule_distributed_backend
+    from tb_gpuprof.analysis.distributed import cross_rank_summary
+    from tb_gpuprof.analysis.rules.distributed import rule_distributed_backend
 
     for report in reports.values():
         assert report["gpu_time_us"] == 0

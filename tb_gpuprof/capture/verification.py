@@ -144,6 +144,10 @@ class LoopVerifier:
         if self._switch_started is not None:  # the fix's first switch-on (compile): its cost
             self._warmup_s = time.perf_counter() - self._switch_started
             self._switch_started = None
+        if trial.closes_block:  # the block's queued GPU work is counted in the block
+            t = time.perf_counter()
+            self.sync()
+            ms += (time.perf_counter() - t) * 1e3
         trial.record(ms)
         if trial.done:
             self._close_trial()

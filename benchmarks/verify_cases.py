@@ -1,0 +1,236 @@
+"""verify= against fresh processes: real models, each fix measured in the loop and apart.
+
+For each case, one process trains the model through ``GpuProfiler(..., verify=FIXES)`` (window
+[10, 12), then the verification: noise run, A/A control, the fixes' ABBA trials, after-run),
+and one fresh process per variant (``baseline`` and each fix applied from the start with the
+same switch class) times the loop without any hook: 10 warm-up iterations, then 8 blocks of
+10 iterations with ``torch.cuda.synchronize()`` at block ends; the median block gives
+ms/iteration. The table compares the report's prediction, the verified saving and the
+fresh-process saving of each fix (all from the FP32 eager baseline).
+
+On the H200, from the repository root (docs/calibration.md has the figures):
+
+    PYTHONUNBUFFERED=1 python benchmarks/verify_cases.py --out $OUT/v1 --cases llama,resnet
+    PYTHONUNBUFFERED=1 python benchmarks/verify_cases.py --out $OUT/v2 --cases vit,lora
+
+CPU check: ``python benchmarks/verify_cases.py --smoke --out /tmp/vc --cases resnet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+CASES: dict[str, tuple[str, ...]] = {  # case -> the fixes verified and timed apart
+    "llama": ("tf32", "amp"),
+    "resnet": ("tf32", "amp", "channels_last"),
+    "vit": ("tf32", "amp"),
+    "lora": ("tf32", "amp"),
+}
+SWITCHES = {"tf32": "Tf32Switch", "amp": "AutocastBf16Switch",
+            "channels_last": "ChannelsLastSwitch"}
+
+
+def build(case: str, smoke: bool) -> tuple[Any, Any, Any]:
+    """(model, optimizer, step function) of a case, on the GPU (CPU with --smoke)."""
+    import torch
+
+    dev = "cpu" if smoke else "cuda"
+    torch.manual_seed(0)
+    if case in ("llama", "lora"):
+        import transformers
+
+        if case == "llama":
+            cfg = transformers.LlamaConfig(
+                hidden_size=64 if smoke else 1024, intermediate_size=128 if smoke else 2816,
+                num_hidden_layers=2 if smoke else 8, num_attention_heads=4 if smoke else 16,
+                num_key_value_heads=4 if smoke else 16, vocab_size=512 if smoke else 32000)
+            model = transformers.LlamaForCausalLM(cfg)
+        else:
+            import peft
+
+            cfg = transformers.GPT2Config(n_layer=2 if smoke else 12, n_embd=64 if smoke else 768,
+                                          n_head=4 if smoke else 12, vocab_size=512 if smoke
+                                          else 50257)
+            model = peft.get_peft_model(transformers.GPT2LMHeadModel(cfg), peft.LoraConfig(
+                r=16, lora_alpha=32, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True))
+        model = model.to(dev)
+        batch, seq = (2, 32) if smoke else (8, 512)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev)
+
+        def lm_step(m: Any, opt: Any) -> None:
+            loss = m(input_ids=ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        step = lm_step
+    else:
+        import timm
+
+        name = "resnet50" if case == "resnet" else "vit_base_patch16_224"
+        model = timm.create_model(name, pretrained=False, num_classes=1000).to(dev)
+        batch = 2 if smoke else 64
+        x = torch.randn(batch, 3, 224, 224, device=dev)
+        y = torch.randint(0, 1000, (batch,), device=dev)
+
+        def img_step(m: Any, opt: Any) -> None:
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        step = img_step
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, fused=not smoke)
+    return model, opt, step
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_variant(case: str, variant: str, smoke: bool) -> dict[str, Any]:
+    """A fresh process: the fix applied from the start, synchronized blocks, no hook."""
+    from tb_gpuprof.capture import switches
+
+    model, opt, step = build(case, smoke)
+    if variant != "baseline":
+        sw = getattr(switches, SWITCHES[variant])(model, opt, **(
+            {"require_cuda": False} if smoke and variant == "tf32" else {}))
+        why = sw.unavailable()
+        if why:
+            return {"error": why}
+        sw.apply()
+    warm, blocks, per = (2, 3, 2) if smoke else (10, 8, 10)
+    for _ in range(warm):
+        step(model, opt)
+    _sync()
+    times = []
+    for _ in range(blocks):
+        t = time.perf_counter()
+        for _ in range(per):
+            step(model, opt)
+        _sync()
+        times.append((time.perf_counter() - t) * 1e3 / per)
+    return {"median_ms": statistics.median(times), "blocks_ms": times}
+
+
+def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]:
+    """The hooked run: the window, then verify= on the case's fixes."""
+    from tb_gpuprof.torch import GpuProfiler
+
+    model, opt, step = build(case, smoke)
+    run = os.path.join(out, "runs", case)
+    t0 = time.perf_counter()
+    its = 0
+    with GpuProfiler(run, iter_start=10, iter_stop=12, model=model, optimizer=opt,
+                     verify=list(CASES[case]), verify_max_s=max_s) as prof:
+        while its < 6000:
+            step(model, opt)
+            prof.step()
+            its += 1
+            if its == 13:
+                prof.wait()
+            if prof._verify_state == "done":
+                break
+        after_ms = []
+        for _ in range(3 if smoke else 30):  # training goes on: the hook's own timing
+            t = time.perf_counter()
+            step(model, opt)
+            prof.step()
+            after_ms.append((time.perf_counter() - t) * 1e3)
+    report = prof.report or {}
+    return {"iterations": its, "seconds": time.perf_counter() - t0,
+            "verification": report.get("verification"),
+            "recommendations": [{k: r.get(k) for k in ("id", "estimated_saving_pct",
+                                                       "estimated_range_pct", "verified")}
+                                for r in report.get("recommendations") or []]}
+
+
+def _child(args: list[str], timeout: float) -> dict[str, Any]:
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), *args], capture_output=True,
+                       text=True, timeout=timeout, check=False)
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": (p.stderr or p.stdout)[-2000:]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--max-s", type=float, default=200.0, help="verify_max_s per case")
+    ap.add_argument("--variant", help=argparse.SUPPRESS)
+    ap.add_argument("--verify-case", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    smoke = ["--smoke"] if args.smoke else []
+    if args.variant:
+        case, variant = args.variant.split(":")
+        print("RESULT " + json.dumps(run_variant(case, variant, args.smoke)))
+        return 0
+    if args.verify_case:
+        print("RESULT " + json.dumps(run_verify(args.verify_case, args.out, args.smoke,
+                                                args.max_s), default=str))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    results: dict[str, Any] = {}
+    for case in args.cases.split(","):
+        t = time.perf_counter()
+        res: dict[str, Any] = {"fresh": {}}
+        for variant in ("baseline", *CASES[case]):
+            res["fresh"][variant] = _child(["--out", args.out, "--variant",
+                                            f"{case}:{variant}", *smoke], 300)
+        res["verify"] = _child(["--out", args.out, "--verify-case", case,
+                                "--max-s", str(args.max_s), *smoke], args.max_s + 200)
+        res["seconds"] = time.perf_counter() - t
+        results[case] = res
+        print(f"{case}: {res['seconds']:.0f} s", flush=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    print(summary(results))
+    return 0
+
+
+def summary(results: dict[str, Any]) -> str:
+    rows = ["| case | fix | predicted | verified in the loop | fresh processes | "
+            "verified − fresh |", "| --- | --- | --- | --- | --- | --- |"]
+    for case, res in results.items():
+        base = (res["fresh"].get("baseline") or {}).get("median_ms")
+        ver = (res.get("verify") or {})
+        recs = {r["id"]: r for r in ver.get("recommendations") or []}
+        trials = ((ver.get("verification") or {}).get("trials") or {})
+        for fix in ("aa", *CASES[case]):
+            fresh = (res["fresh"].get(fix) or {}).get("median_ms")
+            fresh_pct = 100 * (1 - fresh / base) if fresh and base else None
+            trial = trials.get(fix) or {}
+            v = trial.get("saving_pct")
+            pred = (recs.get(fix) or {}).get("estimated_saving_pct")
+            gap = f"{v - fresh_pct:+.1f}" if v is not None and fresh_pct is not None else "–"
+            rows.append(f"| {case} | {fix} | {pred if pred is not None else '–'} | "
+                        f"{trial.get('verdict', ver.get('error', '–'))} | "
+                        f"{f'{fresh_pct:.1f}%' if fresh_pct is not None else '–'} | {gap} |")
+        section = ver.get("verification") or {}
+        rows.append(f"| {case} | (run) | – | {section.get('iterations')} it, "
+                    f"{section.get('seconds')} s, blocks {section.get('block_iterations')}, "
+                    f"noise {section.get('noise_pct')}%, restored {section.get('restored')}, "
+                    f"before {section.get('before_ms')} / after {section.get('after_ms')} ms "
+                    f"(within noise: {section.get('after_within_noise')}) | – | – |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
