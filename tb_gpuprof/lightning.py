@@ -43,7 +43,9 @@ class GpuProfCallback(_lightning_callback_base()):  # type: ignore[misc]
 
     ``logdir`` defaults to the trainer's log directory; ``options`` are
     :class:`tb_gpuprof.torch.GpuProfiler`'s (``nvml``, ``with_stack``, ``record_shapes``,
-    ``with_flops``, ``key``, ``nvtx``, ...; ``model`` defaults to the LightningModule). The
+    ``with_flops``, ``key``, ``nvtx``, ``verify``, ...; ``model`` defaults to the LightningModule,
+    ``optimizer`` to the trainer's first optimizer: ``verify=True`` tries the report's top fixes
+    inside this fit, docs/verify.md). The
     autocast dtype is taken from ``Trainer(precision=...)``. After ``fit``,
     ``callback.last_profiler`` is the finished :class:`GpuProfiler` (its ``report``, ``env``).
     """
@@ -67,6 +69,8 @@ class GpuProfCallback(_lightning_callback_base()):  # type: ignore[misc]
             logdir = self.logdir or trainer.log_dir or trainer.default_root_dir
             options = dict(self.options)
             options.setdefault("model", pl_module)
+            optimizers = list(getattr(trainer, "optimizers", None) or [])
+            options.setdefault("optimizer", optimizers[0] if optimizers else None)
             # on_train_batch_start marks data arrival; training_step may never call forward.
             options.setdefault("model_hooks", False)
             self.profiler = GpuProfiler(logdir, self.iter_start, self.iter_stop, **options)

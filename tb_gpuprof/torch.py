@@ -603,8 +603,10 @@ class GpuProfiler(HookCore):
 
         assert self.report is not None
         torch, model, optimizer = self._torch, self.model, self.optimizer
-        plan = plan_fixes(self.report, self._verify, self._verify_compile,
-                          lambda fix_id: _switch_for(fix_id, model, optimizer))
+        report = self.report
+        plan = plan_fixes(report, self._verify, self._verify_compile,
+                          lambda fix_id: _switch_for(fix_id, model, optimizer),
+                          lambda fix_id: _counted_after(report, fix_id))
         return LoopVerifier(
             plan, sync=torch.cuda.synchronize if self.cuda else (lambda: None),
             snapshot=lambda: switches.snapshot(model, optimizer),
@@ -680,6 +682,18 @@ def _switch_for(fix_id: str, model: Any, optimizer: Any) -> tuple[Any | None, st
         return None, r.not_verifiable
     module, name = r.switch.split(":")
     return getattr(importlib.import_module(module), name)(model, optimizer), None
+
+
+def _counted_after(report: dict[str, Any], fix_id: str) -> str | None:
+    """The fix the report's predicted saving of ``fix_id`` is counted after (its rule's
+    Retiming.after, where that rule fired too), or None."""
+    from .analysis.rules import retimed
+
+    recs = {r["id"]: r for r in report.get("recommendations") or []}
+    estimator = retimed(fix_id)
+    if estimator is None or fix_id not in recs:
+        return None
+    return estimator.counted_after(recs[fix_id], set(recs))
 
 
 def close_or_warn(prof: GpuProfiler | None) -> None:

@@ -64,8 +64,10 @@ class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]
     """Profile ``Trainer.train()``: ``GpuProfCallback(logdir, iter_start, iter_stop, **options)``.
 
     ``logdir`` defaults to :func:`default_run_dir`. ``peak_tflops`` overrides the peak table
-    for MFU. ``options`` are :class:`tb_gpuprof.torch.GpuProfiler`'s (``nvml``, ``with_stack``,
-    ``key``, ...; ``model`` defaults to the Trainer's model). After ``train()``,
+    for MFU. ``options`` are :class:`tb_gpuprof.torch.GpuProfiler`'s (``nvml``,
+    ``with_stack``, ``key``, ``verify``, ...; ``model`` and ``optimizer`` default to the
+    Trainer's: ``verify=True`` tries the report's top fixes inside this ``train()``,
+    docs/verify.md). After ``train()``,
     ``callback.last_profiler`` is the finished :class:`GpuProfiler` (its ``report``, ``env``).
     """
 
@@ -90,6 +92,7 @@ class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]
             self.run_dir = os.fspath(self.logdir) if self.logdir else default_run_dir(args)
             options = dict(self.options)
             options.setdefault("model", kwargs.get("model"))
+            options.setdefault("optimizer", kwargs.get("optimizer"))
             # on_step_begin marks the step's batches as in hand (the Trainer fetches all of a
             # step's micro-batches first), so the model's forward hook is not needed
             options.setdefault("model_hooks", False)

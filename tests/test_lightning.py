@@ -90,3 +90,60 @@ def test_validation_time_is_left_out_of_the_next_iteration(tmp_path, monkeypatch
     # exclusion iteration 3 would take longer than that
     assert sorted(walls) == list(range(6))
     assert walls[3] < 1000.0
+
+
+class ForwardModule(TinyModule):
+    """A LightningModule whose training_step runs its own forward (autocast wraps that)."""
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x).float(), y)
+
+
+class StopWhenVerified(pl.Callback):
+    """Ends the fit a few batches after the verification (its report comes from the window's
+    child process, seconds after the window)."""
+
+    def __init__(self, cb: GpuProfCallback) -> None:
+        self.cb, self.after = cb, 0
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        prof = self.cb.profiler
+        if prof is not None and prof._verify_state == "done":
+            self.after += 1
+            trainer.should_stop = self.after >= 3
+
+
+def endless_loader() -> torch.utils.data.DataLoader:
+    class Same(torch.utils.data.Dataset):
+        x, y = torch.randn(3, 16, 16), torch.tensor(1)
+
+        def __len__(self) -> int:
+            return 10**7
+
+        def __getitem__(self, i: int):
+            return self.x, self.y
+
+    return torch.utils.data.DataLoader(Same(), batch_size=8)
+
+
+def test_verify_runs_inside_the_fit_with_the_trainers_optimizer(tmp_path):
+    run = str(tmp_path / "verify")
+    cb = GpuProfCallback(run, iter_start=2, iter_stop=4, verify=["amp"], verify_max_s=60)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[cb], limit_val_batches=0,
+                         num_sanity_val_steps=0, max_steps=-1)
+    module = ForwardModule()
+    trainer.callbacks.append(StopWhenVerified(cb))
+    trainer.fit(module, endless_loader())
+    prof = cb.last_profiler
+    assert prof is not None and prof.optimizer is trainer.optimizers[0]
+    section = load_run_report(run)["verification"]
+    assert section["restored"] is True, section
+    amp = section["trials"]["amp"]
+    assert amp["blocks"] >= 4 and amp["status"] in ("measured", "no_change"), amp
+    assert "forward" not in module.__dict__  # the autocast wrapper is gone

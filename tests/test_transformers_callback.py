@@ -68,6 +68,8 @@ def test_trainer_run_writes_per_step_scalars_and_a_window_report(tmp_path):
     assert "throughput" in report
     assert cb.last_profiler is not None and cb.last_profiler.iteration == 10
     assert cb.last_profiler.env["flags"]["trainer_bf16"] is True  # the run summary's env
+    # the Trainer's optimizer is the hook's (verify= moves its state with channels_last)
+    assert isinstance(cb.last_profiler.optimizer, torch.optim.Optimizer)
 
 
 def test_default_run_dir_sits_beside_the_trainers_tensorboard_run(tmp_path, monkeypatch):

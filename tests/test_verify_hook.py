@@ -165,3 +165,118 @@ def test_verify_options_are_checked_once():
         GpuProfiler("x", verify=True, verify_compile="yes")
     with pytest.raises(ValueError, match="verify_max_s"):
         GpuProfiler("x", verify=True, verify_max_s=0)
+
+
+class FlagSwitch:
+    """A switch that only records whether it is on (the loop reads it)."""
+    warmup_hint_iterations = 0
+
+    def __init__(self, fix_id: str) -> None:
+        self.fix_id, self.on = fix_id, False
+
+    def unavailable(self) -> None:
+        return None
+
+    def apply(self) -> None:
+        self.on = True
+
+    def restore(self) -> None:
+        self.on = False
+
+
+def test_a_fix_counted_after_another_is_measured_with_that_one_on_in_both_arms():
+    pre, fix = FlagSwitch("pre"), FlagSwitch("fix")
+    v = LoopVerifier([_Planned("fix", fix, after_id="pre", after_switch=pre)],
+                     sync=lambda: None, snapshot=lambda: (pre.on, fix.on), requested=["fix"],
+                     noise_iterations=40)
+    seen = set()
+    while not v.done:
+        if v.phase == "trial":
+            seen.add((pre.on, fix.on))
+        # the prerequisite alone saves 1 ms; the fix saves 0.5 ms more only on top of it
+        sleep_ms = 3.0 - (1.0 if pre.on else 0.0) - (0.5 if pre.on and fix.on else 0.0)
+        t = time.perf_counter()
+        time.sleep(sleep_ms / 1e3)
+        v.on_step((time.perf_counter() - t) * 1e3)
+    assert seen == {(True, False), (True, True)}  # never without the prerequisite
+    result = v.section()["trials"]["fix"]
+    assert result["measured_after"] == "pre"
+    # 0.5 of the 2 ms it starts from: 25 %, not 0.5 of 3 (17 %) nor 1.5 of 3 (50 %)
+    assert result["status"] == "measured" and 15.0 < result["saving_pct"] < 35.0, result
+    assert (pre.on, fix.on) == (False, False) and v.section()["restored"] is True
+
+
+def test_a_noisy_aa_control_leaves_time_for_the_fixes_after_it():
+    import random
+
+    rng = random.Random(0)
+    plan = [_Planned("aa", NullSwitch())] + [_Planned(f"f{i}", FlagSwitch(f"f{i}"))
+                                              for i in range(3)]
+    v = LoopVerifier(plan, sync=lambda: None, snapshot=lambda: None, requested=["f0"],
+                     noise_iterations=40, max_seconds=4.0)
+    while not v.done:  # iterations of 1-4 ms: too noisy for the A/A to narrow to ±1 point
+        t = time.perf_counter()
+        time.sleep(rng.uniform(0.001, 0.004))
+        v.on_step((time.perf_counter() - t) * 1e3)
+    trials = v.section()["trials"]
+    assert list(trials) == ["aa", "f0", "f1", "f2"]
+    for fix in ("f0", "f1", "f2"):  # each got its share of the cap, none was left untried
+        assert trials[fix]["iterations"] > 0, trials
+
+
+def test_plan_counts_a_fix_after_its_prerequisite_and_leaves_compile_to_verify_compile():
+    from tb_gpuprof.capture.verification import plan_fixes
+
+    report = {"recommendations": [{"id": "tf32"}, {"id": "amp"}, {"id": "compile"}]}
+    made = []
+
+    def make(fix_id):
+        made.append(fix_id)
+        return FlagSwitch(fix_id), None
+
+    plan = plan_fixes(report, True, False, make, {"amp": "tf32", "compile": None}.get)
+    assert [p.fix_id for p in plan] == ["aa", "tf32", "amp", "compile"]
+    assert plan[2].after_id == "tf32" and plan[2].after_switch is not plan[1].switch
+    assert plan[1].after_id is None and plan[3].switch is None and "verify_compile" in \
+        plan[3].reason
+
+
+class ScatterNet(torch.nn.Module):
+    """Messages summed into a float32 buffer in place: under bf16 autocast ``index_add_``
+    refuses the bf16 messages (a loop that is not bf16-clean)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.msg = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        agg = torch.zeros(x.shape[0], 8)
+        agg.index_add_(0, dst, self.msg(x)[src])
+        return agg
+
+
+def test_a_fix_that_breaks_the_loops_forward_is_failed_and_training_goes_on(tmp_path):
+    torch.manual_seed(0)
+    model = ScatterNet()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, src, dst = torch.randn(32, 8), torch.randint(0, 32, (64,)), torch.randint(0, 32, (64,))
+    steps = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with GpuProfiler(str(tmp_path / "run"), iter_start=2, iter_stop=4, model=model,
+                         optimizer=opt, verify=["amp"]) as prof:
+            while prof._verify_state != "done" and steps < 50_000:
+                loss = model(x, src, dst).square().mean()  # raises under autocast
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                prof.step()
+                steps += 1
+                if steps == 5:
+                    prof.wait()
+            assert model(x, src, dst).dtype == torch.float32  # the loop as it was
+    amp = prof.report["verification"]["trials"]["amp"]
+    assert amp["status"] == "failed" and "index_add_" in amp["reason"], amp
+    assert prof.report["verification"]["restored"] is True
+    assert "forward" not in model.__dict__
+    assert any("verifying amp failed" in str(w.message) for w in caught)

@@ -270,7 +270,8 @@ def test_verified_saving_round_trips_with_its_field_names():
     r = drive(sized_trial(0), noisy(0, saving_ms=FIX_MS))
     raw = msgspec.json.decode(msgspec.json.encode(r))
     assert set(raw) == {"saving_pct", "interval_pct", "blocks", "iterations", "seconds",
-                        "status", "reason", "verdict", "ratio", "warmup_seconds"}
+                        "status", "reason", "verdict", "ratio", "warmup_seconds",
+                        "measured_after"}
     assert msgspec.convert(raw, VerifiedSaving) == r
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**raw, "status": "great"}, VerifiedSaving)

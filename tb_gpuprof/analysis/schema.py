@@ -367,6 +367,9 @@ class VerifiedSaving(_Section, kw_only=True):
     seconds: Number = 0.0  # their recorded time
     reason: str | None = None  # why not verifiable, why failed or stopped
     warmup_seconds: Number | None = None  # the fix's first switch-on (compile: its compile time)
+    # the fix this one was measured after: on in both arms, as the prediction counts this
+    # fix's saving after it (Retiming.after: bf16 autocast after TF32)
+    measured_after: str | None = None
 
 
 class Recommendation(_Section, kw_only=True):

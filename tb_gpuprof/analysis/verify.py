@@ -36,7 +36,9 @@ Design, and the defaults (module constants below):
   ``ratio = exp(mean)`` and ``saving_pct = 100 (1 - ratio)``.
 * **Stop rule.** Early, once at least ``MIN_PAIRS`` (8 pairs, two ABBA BAAB periods) give an
   interval whose half-width is at most ``target_pct`` (``DEFAULT_TARGET_PCT`` = 1 point: half
-  the smallest effect, so a 2 % saving reads as non-zero); else at ``DEFAULT_MAX_ITERATIONS``
+  the smallest effect, so a 2 % saving reads as non-zero) or ``target_share`` of the saving
+  itself (``DEFAULT_TARGET_SHARE`` = 5 %: a 50 % saving is known well enough at ±2.5 points);
+  else at ``DEFAULT_MAX_ITERATIONS``
   (1000) or ``DEFAULT_MAX_SECONDS`` (120 s of recorded iteration time). The trial's
   iterations still train the model, so the caps bound the time spent in the slower state and
   with altered numerics, not wasted work. Why 8 pairs: stopping when the interval is narrow
@@ -76,6 +78,7 @@ DEFAULT_WARMUP = 2  # iterations discarded after each switch
 DEFAULT_MAX_ITERATIONS = 1000
 DEFAULT_MAX_SECONDS = 120.0
 DEFAULT_TARGET_PCT = 1.0  # interval half-width, in points of saving, that stops early
+DEFAULT_TARGET_SHARE = 0.05  # ... or this share of the saving itself, if that is wider
 DEFAULT_CONFIDENCE = 0.99
 MIN_PAIRS = 8  # pairs before an early stop (two ABBA BAAB periods; see the docstring)
 MIN_PAIRS_FOR_INTERVAL = 2  # one whole ABBA group
@@ -232,6 +235,7 @@ class Trial:
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     max_seconds: float = DEFAULT_MAX_SECONDS
     target_pct: float = DEFAULT_TARGET_PCT
+    target_share: float = DEFAULT_TARGET_SHARE
     confidence: float = DEFAULT_CONFIDENCE
     min_pairs: int = MIN_PAIRS
     iterations: int = field(default=0, init=False)
@@ -311,12 +315,12 @@ class Trial:
         with_fix, without = (first, second) if self.arm(self._index - 2) else (second, first)
         self._log_ratios.append(math.log(with_fix / without))
         n = self.pairs
-        if n >= self.min_pairs and n % 2 == 0 and self._half_width_pct() <= self.target_pct:
+        if n >= self.min_pairs and n % 2 == 0 and self._narrow_enough():
             self._done = True
 
-    def _half_width_pct(self) -> float:
-        _, lo, hi = saving_interval(*log_interval(self._log_ratios, self.confidence))
-        return (hi - lo) / 2.0
+    def _narrow_enough(self) -> bool:
+        saving, lo, hi = saving_interval(*log_interval(self._log_ratios, self.confidence))
+        return (hi - lo) / 2.0 <= max(self.target_pct, self.target_share * abs(saving))
 
     def result(self) -> VerifiedSaving:
         """The measurement so far (final once ``done``)."""

@@ -91,6 +91,9 @@ class _Switch:
         self.model = model
         self.optimizer = optimizer
         self._on = False
+        # set while on when the fix broke the loop's own code (or changed nothing): the
+        # verifier then fails the trial with it and restores the loop
+        self.failure: str | None = None
 
     @property
     def active(self) -> bool:
@@ -368,8 +371,11 @@ class AutocastBf16Switch(_Switch):
     would need the user's loop to scale the loss). ``cast_outputs`` (default) casts the
     forward's bf16 outputs to float32, as autocast would for a loss computed inside it: the
     loss outside the forward then stays float32. If autocast is already enabled where the
-    forward runs, the wrapper leaves it alone and sets :attr:`conflict` (the trial measured
-    nothing: discard it).
+    forward runs, the wrapper leaves it alone and sets :attr:`conflict` and :attr:`failure`
+    (the trial measured nothing). A forward that raises under autocast (a loop that is not
+    bf16-clean: an fp32 buffer that a bf16 result is added into in place) sets
+    :attr:`failure` and runs again without autocast, so that this iteration trains as the
+    loop was; the verifier then fails the trial and restores the forward.
 
     Restore: removes the instance attribute, or puts back the one that was there.
     """
@@ -437,11 +443,18 @@ class AutocastBf16Switch(_Switch):
         @functools.wraps(inner)
         def forward(*args: Any, **kwargs: Any) -> Any:
             if _autocast_enabled(dev):
-                switch.conflict = (f"autocast was already enabled ({_autocast_dtype(dev)}) "
-                                   "around the forward: the switch changed nothing")
+                switch.conflict = switch.failure = (
+                    f"autocast was already enabled ({_autocast_dtype(dev)}) around the "
+                    "forward: the switch changed nothing")
                 return inner(*args, **kwargs)
-            with torch.autocast(dev, dtype=torch.bfloat16):
-                out = inner(*args, **kwargs)
+            if switch.failure is not None:  # broken once: the rest of this block runs as is
+                return inner(*args, **kwargs)
+            try:
+                with torch.autocast(dev, dtype=torch.bfloat16):
+                    out = inner(*args, **kwargs)
+            except Exception as e:  # not bf16-clean: this iteration runs as the loop was
+                switch.failure = f"the forward raised under bf16 autocast: {_first_line(e)}"
+                return inner(*args, **kwargs)
             return _to_float32(out) if switch.cast_outputs else out
 
         setattr(forward, _AUTOCAST_MARK, True)

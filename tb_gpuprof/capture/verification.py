@@ -55,6 +55,9 @@ class _Planned:
     fix_id: str
     switch: Any | None  # an InLoopSwitch (capture/switches.py) or None
     reason: str | None = None  # why there is no switch
+    # the fix the prediction counts this one after (Retiming.after), on in both arms
+    after_id: str | None = None
+    after_switch: Any | None = None
 
 
 @dataclass
@@ -132,11 +135,42 @@ class LoopVerifier:
                          int(getattr(planned.switch, "warmup_hint_iterations", 0) or 0))
             self._current = planned
             self._trial = stats.Trial(self.block, warmup=warmup,
-                                      max_seconds=self.max_trial_seconds)
+                                      max_seconds=self._trial_seconds())
             self._switch_started = None
-            self._set(self._trial.next_state())
+            if self._apply_prerequisite(planned):
+                self._set(self._trial.next_state())
             return
         self._finish_trials()
+
+    def _trial_seconds(self) -> float:
+        """This trial's share of the time left: the trials still to run split it evenly,
+        after the after-run's expected time is set aside (an A/A control in a noisy loop
+        would otherwise spend the whole cap and leave the fixes untried)."""
+        elapsed = time.perf_counter() - self._t0
+        left = self.max_seconds - elapsed - sum(self.before) / 1000.0
+        trials = 1 + sum(1 for p in self.plan if p.switch is not None)
+        return max(min(self.max_trial_seconds, left / trials), 1.0)
+
+    def _apply_prerequisite(self, planned: _Planned) -> bool:
+        """Put the fix's prerequisite on for the whole trial (both arms); False when that
+        raised: the trial is then failed and closed."""
+        if planned.after_switch is None:
+            return True
+        trial = self._trial
+        assert trial is not None
+        why = planned.after_switch.unavailable()
+        if why:  # measured from the loop as it is: the result says no prerequisite
+            planned.after_id, planned.after_switch = None, None
+            return True
+        try:
+            self.sync()
+            planned.after_switch.apply()
+            return True
+        except Exception as e:
+            trial.fail(f"switching {planned.after_id} (counted before {planned.fix_id}) "
+                       f"raised {type(e).__name__}: {e}")
+            self._close_trial()
+            return False
 
     def _in_trial(self, ms: float) -> None:
         trial, planned = self._trial, self._current
@@ -144,6 +178,13 @@ class LoopVerifier:
         if self._switch_started is not None:  # the fix's first switch-on (compile): its cost
             self._warmup_s = time.perf_counter() - self._switch_started
             self._switch_started = None
+        failure = getattr(planned.switch, "failure", None)
+        if failure:  # the fix broke the loop's own code: this iteration ran without it
+            trial.fail(failure)
+            self.warn(f"tb_gpuprof: verifying {planned.fix_id} failed and was undone: "
+                      f"{failure}")
+            self._close_trial()
+            return
         if trial.closes_block:  # the block's queued GPU work is counted in the block
             t = time.perf_counter()
             self.sync()
@@ -182,6 +223,8 @@ class LoopVerifier:
         try:
             self.sync()
             planned.switch.restore()
+            if planned.after_switch is not None:
+                planned.after_switch.restore()
         except Exception as e:
             trial.fail(f"restoring {planned.fix_id} raised {type(e).__name__}: {e}")
         self._on = False
@@ -190,6 +233,8 @@ class LoopVerifier:
         hint = int(getattr(planned.switch, "warmup_hint_iterations", 0) or 0)
         if warm is not None and hint > 0:
             result = _with(result, warmup_seconds=round(warm, 3))
+        if planned.after_id is not None:
+            result = _with(result, measured_after=planned.after_id)
         self.results[planned.fix_id] = result
         self._current, self._trial, self._applied_once, self._warmup_s = None, None, False, None
         self._next_fix()
@@ -274,22 +319,36 @@ def _within_noise(before: list[float], after: list[float]) -> bool | None:
 
 
 def plan_fixes(report: dict[str, Any], verify: bool | list[str], verify_compile: bool,
-               make_switch: Callable[[str], tuple[Any | None, str | None]]) -> list[_Planned]:
+               make_switch: Callable[[str], tuple[Any | None, str | None]],
+               counted_after: Callable[[str], str | None] = lambda fix_id: None,
+               ) -> list[_Planned]:
     """What to try, in order: the A/A control, then the fixes asked for (``verify=True``: the
-    report's top :data:`DEFAULT_TOP_FIXES`; torch.compile only with ``verify_compile``)."""
+    report's top :data:`DEFAULT_TOP_FIXES`; torch.compile only with ``verify_compile``).
+    ``counted_after(fix_id)``: the fix the report's prediction counts this one after; the
+    trial then runs with that one on in both arms, so that it measures what was predicted."""
     if verify is True:
         ids = [r["id"] for r in report.get("recommendations") or []][:DEFAULT_TOP_FIXES]
     else:
         ids = list(verify or [])
     plan = [_Planned(NULL_FIX, NullSwitch())]
     for fix_id in ids:
-        if fix_id in ("compile", "dispatch_overhead") and not verify_compile:
+        if _compiles(fix_id) and not verify_compile:
             plan.append(_Planned(fix_id, None, "compiling costs its compile time: "
                                  "verify_compile=True tries it"))
             continue
         switch, reason = make_switch(fix_id)
-        plan.append(_Planned(fix_id, switch, reason))
+        planned = _Planned(fix_id, switch, reason)
+        first = counted_after(fix_id) if switch is not None else None
+        if first is not None and (verify_compile or not _compiles(first)):
+            planned.after_id, planned.after_switch = first, make_switch(first)[0]
+            if planned.after_switch is None:
+                planned.after_id = None
+        plan.append(planned)
     return plan
+
+
+def _compiles(fix_id: str) -> bool:
+    return fix_id in ("compile", "dispatch_overhead")
 
 
 __all__ = ["DEFAULT_MAX_SECONDS", "DEFAULT_TOP_FIXES", "NULL_FIX", "LoopVerifier",
