@@ -70,6 +70,9 @@ def test_verify_runs_after_the_window_restores_everything_and_stores_it(tmp_path
     for fix in ("amp", "channels_last"):  # switched on and off in blocks, on the CPU
         assert trials[fix]["blocks"] >= 4 and trials[fix]["iterations"] > 0, trials[fix]
     assert section["block_iterations"] >= 3 and section["before_ms"] > 0
+    assert section["noise_curve_pct"]["1"] > 0  # the curve the blocks were sized from
+    for fix in ("amp", "channels_last"):
+        assert 3 <= trials[fix]["block_iterations"] <= section["block_iterations"]
     assert section["after_ms"] > 0
     # the run's stored report is the verified one, and a re-analysis keeps it
     assert cli_report(run)["verification"]["trials"].keys() == trials.keys()

@@ -271,7 +271,7 @@ def test_verified_saving_round_trips_with_its_field_names():
     raw = msgspec.json.decode(msgspec.json.encode(r))
     assert set(raw) == {"saving_pct", "interval_pct", "blocks", "iterations", "seconds",
                         "status", "reason", "verdict", "ratio", "warmup_seconds",
-                        "measured_after"}
+                        "measured_after", "block_iterations"}
     assert msgspec.convert(raw, VerifiedSaving) == r
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**raw, "status": "great"}, VerifiedSaving)
@@ -292,3 +292,19 @@ def test_a_real_sleeping_loop():
     assert r.status == "measured" and r.seconds < 1.1
     assert 25.0 < r.saving_pct < 75.0
     assert r.interval_pct[0] < 75.0 and r.interval_pct[1] > 25.0
+
+
+def test_blocks_shorten_to_what_the_trials_time_share_holds():
+    from tb_gpuprof.analysis.verify import affordable_block
+
+    # 20 s of 75 ms iterations: 266; 16 blocks and 11 switch warm-ups of 2 leave 15 a block
+    assert affordable_block(100, 20.0, 75.0, 2) == 15
+    assert affordable_block(6, 20.0, 75.0, 2) == 6  # already short enough: kept
+    assert affordable_block(100, 0.5, 75.0, 2) == MIN_BLOCK_ITERS  # never below the floor
+    # the blocks it gives do fit: 8 pairs of them and their warm-ups within the share
+    t = Trial(affordable_block(100, 20.0, 75.0, 2), warmup=2, max_seconds=20.0,
+              target_pct=0.0, target_share=0.0)
+    while not t.done:
+        t.next_state()
+        t.record(75.0)
+    assert t.pairs >= MIN_PAIRS

@@ -422,6 +422,7 @@ export interface Verification {
   before_ms: number | null;
   block_iterations: number | null;
   iterations: number;
+  noise_curve_pct?: Record<string, number> | null;
   noise_pct: number | null;
   note?: string | null;
   requested: string[];
@@ -433,9 +434,11 @@ export interface Verification {
 
 /** A fix measured inside the training loop (``verify=`` on the hooks; analysis/verify.py): blocks of iterations without and with it, interleaved ABBA, after a warm-up. */
 export interface VerifiedSaving {
+  block_iterations?: number | null;
   blocks?: number;
   interval_pct?: number[] | null;
   iterations?: number;
+  measured_after?: string | null;
   ratio?: number | null;
   reason?: string | null;
   saving_pct?: number | null;

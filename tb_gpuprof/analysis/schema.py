@@ -370,6 +370,9 @@ class VerifiedSaving(_Section, kw_only=True):
     # the fix this one was measured after: on in both arms, as the prediction counts this
     # fix's saving after it (Retiming.after: bf16 autocast after TF32)
     measured_after: str | None = None
+    # iterations per block in this trial: the verification's block_iterations, or fewer where
+    # this trial's share of the time cap could not hold MIN_PAIRS pairs of full blocks
+    block_iterations: int | None = None
 
 
 class Recommendation(_Section, kw_only=True):
@@ -469,6 +472,8 @@ class Verification(_Section, kw_only=True):
     requested: list[str]  # fix ids asked for (``verify=True``: the report's top fixes)
     block_iterations: int | None  # iterations per block, sized from the loop's own noise
     noise_pct: Number | None  # block-to-block variation at that size (CV of block means)
+    # the noise run's curve: block size (iterations) -> CV of block means, in percent
+    noise_curve_pct: dict[str, Number] | None = None
     iterations: int  # every iteration the verification ran, the noise run included
     seconds: Number
     before_ms: Number | None  # median iteration before the trials (the noise run)

@@ -96,6 +96,21 @@ def not_verifiable(reason: str) -> VerifiedSaving:
 
 # --- block sizing -------------------------------------------------------------------------
 
+def affordable_block(block: int, seconds: float, iteration_ms: float, warmup: int,
+                     pairs: int = MIN_PAIRS) -> int:
+    """``block``, shortened so that ``pairs`` pairs of blocks (and the warm-up after each of
+    their switches) fit in ``seconds`` of iterations of ``iteration_ms``; never below
+    MIN_BLOCK_ITERS. A trial whose blocks cannot all run ends with too few pairs for any
+    verdict (the H100 MoE: blocks of 100, 3 blocks in its 20 s); shorter blocks give a wider
+    interval, but one."""
+    blocks = 2 * pairs
+    switches = sum(1 for i in range(blocks) if i == 0 or PATTERN[i % len(PATTERN)]
+                   != PATTERN[(i - 1) % len(PATTERN)])
+    iterations = seconds * 1000.0 / iteration_ms if iteration_ms > 0 else float("inf")
+    fits = (iterations - switches * warmup) / blocks
+    return max(MIN_BLOCK_ITERS, min(block, math.floor(fits) if math.isfinite(fits) else block))
+
+
 def block_noise(times_ms: Sequence[float], k: int) -> float | None:
     """CV of the means of consecutive blocks of ``k`` iterations; None below MIN_NOISE_BLOCKS.
 

@@ -77,6 +77,7 @@ class LoopVerifier:
     results: dict[str, VerifiedSaving] = field(default_factory=dict)
     block: int | None = None
     noise_pct: float | None = None
+    noise_curve_pct: dict[str, float] | None = None
     _trial: stats.Trial | None = None
     _current: _Planned | None = None
     _on: bool = False
@@ -116,6 +117,8 @@ class LoopVerifier:
         self.block = stats.block_size(self.before)
         noise = stats.block_noise(self.before, self.block)
         self.noise_pct = round(100.0 * noise, 3) if noise is not None else None
+        self.noise_curve_pct = {str(k): round(100.0 * cv, 3)
+                                for k, cv in stats.noise_curve(self.before).items()}
         self._state_before = self.snapshot()
         self.phase = "trial"
         self._next_fix()
@@ -134,8 +137,10 @@ class LoopVerifier:
             warmup = max(stats.DEFAULT_WARMUP,
                          int(getattr(planned.switch, "warmup_hint_iterations", 0) or 0))
             self._current = planned
-            self._trial = stats.Trial(self.block, warmup=warmup,
-                                      max_seconds=self._trial_seconds())
+            seconds = self._trial_seconds()
+            block = stats.affordable_block(self.block, seconds,
+                                           statistics.median(self.before), warmup)
+            self._trial = stats.Trial(block, warmup=warmup, max_seconds=seconds)
             self._switch_started = None
             if self._apply_prerequisite(planned):
                 self._set(self._trial.next_state())
@@ -233,6 +238,8 @@ class LoopVerifier:
         hint = int(getattr(planned.switch, "warmup_hint_iterations", 0) or 0)
         if warm is not None and hint > 0:
             result = _with(result, warmup_seconds=round(warm, 3))
+        if result.status not in ("failed", "not_verifiable"):
+            result = _with(result, block_iterations=trial.block)
         if planned.after_id is not None:
             result = _with(result, measured_after=planned.after_id)
         self.results[planned.fix_id] = result
@@ -278,7 +285,8 @@ class LoopVerifier:
         failed = any(r.status == "failed" for r in self.results.values())
         return {
             "requested": self.requested, "block_iterations": self.block,
-            "noise_pct": self.noise_pct, "iterations": self._iterations,
+            "noise_pct": self.noise_pct, "noise_curve_pct": self.noise_curve_pct,
+            "iterations": self._iterations,
             "seconds": round(time.perf_counter() - self._t0, 3),
             "before_ms": round(before, 4) if before else None,
             "after_ms": round(after, 4) if after else None,
