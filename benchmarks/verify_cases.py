@@ -2,18 +2,19 @@
 
 For each case, one process trains the model through ``GpuProfiler(..., verify=FIXES)`` (window
 [10, 12), then the verification: noise run, A/A control, the fixes' ABBA trials, after-run),
-and one fresh process per variant (``baseline`` and each fix applied from the start with the
-same switch class) times the loop without any hook: 10 warm-up iterations, then 8 blocks of
+then one fresh process per variant (``baseline``, each fix applied from the start with the
+same switch class, and for a fix verified after another, that one alone and both) times the
+loop without any hook: 10 warm-up iterations, then 8 blocks of
 10 iterations with ``torch.cuda.synchronize()`` at block ends; the median block gives
 ms/iteration. The table compares the report's prediction, the verified saving and the
 fresh-process saving of each fix (all from the FP32 eager baseline).
 
 On the H200, from the repository root (docs/calibration.md has the figures):
 
-    PYTHONUNBUFFERED=1 python benchmarks/verify_cases.py --out $OUT/v1 --cases llama,resnet
-    PYTHONUNBUFFERED=1 python benchmarks/verify_cases.py --out $OUT/v2 --cases vit,lora
+    python benchmarks/verify_cases.py --out $OUT/v1 --cases gnn,llama,moe --max-s 90
+    python benchmarks/verify_cases.py --out $OUT/v2 --cases resnet,unet,lora --max-s 90
 
-CPU check: ``python benchmarks/verify_cases.py --smoke --out /tmp/vc --cases resnet``.
+CPU check: ``python benchmarks/verify_cases.py --smoke --out /tmp/vc --cases gnn,lora``.
 """
 
 from __future__ import annotations
