@@ -17,9 +17,9 @@ from tb_gpuprof.analysis.rules.nvml import (
 )
 from tb_gpuprof.nvml import NvmlSampler, Sample
 from tb_gpuprof.nvml.fields import decode_clock_events
-from tb_gpuprof.nvml.replay import ReplayBackend
 from tb_gpuprof.nvml.topology import topology
 from tests.nvml_fake import FakeGpu, FakeNvml
+from tests.nvml_replay import ReplayBackend
 
 GIB_MIB = 1024.0
 

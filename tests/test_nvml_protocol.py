@@ -12,8 +12,8 @@ import pytest
 from tb_gpuprof.nvml import NvmlSampler
 from tb_gpuprof.nvml.backend import DeviceInfo, FieldError, NvmlBackend
 from tb_gpuprof.nvml.protocol import NvmlApi
-from tb_gpuprof.nvml.replay import FaultBackend, ReplayBackend
 from tb_gpuprof.nvml.topology import topology_from_backend
+from tests.nvml_replay import FaultBackend, ReplayBackend
 
 RECORDING = Path(__file__).parent / "data" / "nvml_h200.json"
 

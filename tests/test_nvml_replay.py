@@ -19,8 +19,8 @@ from tb_gpuprof.analysis.rules.nvml import THROTTLE_PCT, batch_size_advice, thro
 from tb_gpuprof.nvml import NvmlSampler, NvmlUnavailableError
 from tb_gpuprof.nvml.dmon import header_lines, run_dmon
 from tb_gpuprof.nvml.fields import POWER_REASONS, THERMAL_REASONS, decode_clock_events
-from tb_gpuprof.nvml.replay import FaultBackend, ReplayBackend
 from tb_gpuprof.nvml.topology import topology_from_backend
+from tests.nvml_replay import FaultBackend, ReplayBackend
 
 DATA = Path(__file__).parent / "data"
 RECORDING = DATA / "nvml_h200.json"

@@ -26,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tb_gpuprof.nvml.backend import NvmlBackend
-from tb_gpuprof.nvml.replay import (
+from tests.nvml_replay import (  # the replay format is the tests' (CI has no GPU)
     REPLAY_FORMAT,
     REPLAY_VERSION,
     record_tick,

@@ -1,8 +1,8 @@
 """What the sampler, topology and dmon need from an NVML backend, as a ``typing.Protocol``.
 
 Three backends implement it: :class:`~tb_gpuprof.nvml.backend.NvmlBackend` (libnvidia-ml
-through nvidia-ml-py), :class:`~tb_gpuprof.nvml.replay.ReplayBackend` (a recorded H200 file)
-and :class:`~tb_gpuprof.nvml.replay.FaultBackend` (injects failures into another). mypy
+through nvidia-ml-py), ``tests.nvml_replay.ReplayBackend`` (a recorded H200 file)
+and ``tests.nvml_replay.FaultBackend`` (injects failures into another). mypy
 checks each against it wherever one is passed; tests/test_nvml_protocol.py checks them at run
 time. A new metric is a new field name answered by ``read`` (nvml/fields.py), not a new
 method here.

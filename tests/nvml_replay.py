@@ -26,8 +26,8 @@ import os
 from collections import Counter
 from typing import Any
 
-from .backend import DeviceInfo, FieldError, GpuLostError, NvmlUnavailableError
-from .fields import GPM_METRICS, RAW_FIELDS
+from tb_gpuprof.nvml.backend import DeviceInfo, FieldError, GpuLostError, NvmlUnavailableError
+from tb_gpuprof.nvml.fields import GPM_METRICS, RAW_FIELDS
 
 REPLAY_FORMAT = "tb_gpuprof-nvml-replay"
 REPLAY_VERSION = 1
