@@ -26,7 +26,7 @@ from collections.abc import Callable
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tb_gpuprof.nvml import DEFAULT_INTERVAL_S, NvmlSampler
-from tb_gpuprof.nvml.replay import ReplayBackend
+from tests.nvml_replay import ReplayBackend  # the recorded H200 answers (tests)
 
 
 def make_backend(replay: str | None) -> ReplayBackend | None:
