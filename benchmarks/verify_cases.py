@@ -42,7 +42,13 @@ CASES: dict[str, tuple[str, ...]] = {  # case -> the fixes verified and timed ap
     "gnn": ("tf32", "amp"),  # message passing into an fp32 buffer: not bf16-clean
 }
 SWITCHES = {"tf32": "Tf32Switch", "amp": "AutocastBf16Switch",
-            "channels_last": "ChannelsLastSwitch"}
+            "channels_last": "ChannelsLastSwitch", "compile": "CompileSwitch"}
+COMPILE_CASES: set[str] = set()  # cases whose verification also tries compile (--compile)
+
+
+def fixes(case: str) -> tuple[str, ...]:
+    """The fixes a case verifies and times apart: its own, plus compile with --compile."""
+    return CASES[case] + (("compile",) if case in COMPILE_CASES else ())
 
 
 def build(case: str, smoke: bool) -> tuple[Any, Any, Any]:
@@ -229,7 +235,8 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
     t0 = time.perf_counter()
     its = 0
     with GpuProfiler(run, iter_start=10, iter_stop=12, model=model, optimizer=opt,
-                     verify=list(CASES[case]), verify_max_s=max_s) as prof:
+                     verify=list(fixes(case)), verify_max_s=max_s,
+                     verify_compile=case in COMPILE_CASES) as prof:
         while its < 6000:
             step(model, opt)
             prof.step()
@@ -268,10 +275,14 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--max-s", type=float, default=200.0, help="verify_max_s per case")
+    ap.add_argument("--compile", default="", help="cases that also verify torch.compile "
+                    "(verify_compile=True; the compile time is the trial's own cost)")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--verify-case", help=argparse.SUPPRESS)
     args = ap.parse_args()
     smoke = ["--smoke"] if args.smoke else []
+    COMPILE_CASES.update(c for c in args.compile.split(",") if c)
+    smoke += ["--compile", args.compile] if args.compile else []
     if args.variant:
         case, variant = args.variant.split(":")
         print("RESULT " + json.dumps(run_variant(case, variant, args.smoke)))
@@ -286,7 +297,8 @@ def main() -> int:
         t = time.perf_counter()
         res: dict[str, Any] = {"fresh": {}}
         res["verify"] = _child(["--out", args.out, "--verify-case", case,
-                                "--max-s", str(args.max_s), *smoke], args.max_s + 200)
+                                "--max-s", str(args.max_s), *smoke],
+                               args.max_s + (500 if case in COMPILE_CASES else 200))
         for variant in fresh_variants(case, res["verify"]):
             res["fresh"][variant] = _child(["--out", args.out, "--variant",
                                             f"{case}:{variant}", *smoke], 300)
@@ -308,7 +320,7 @@ def fresh_variants(case: str, verify: dict[str, Any]) -> list[str]:
     measured after another (``measured_after``) is timed as that one alone, then both."""
     variants = ["baseline"]
     trials = _trials(verify)
-    for fix in CASES[case]:
+    for fix in fixes(case):
         first = (trials.get(fix) or {}).get("measured_after")
         for v in ([first, f"{first}+{fix}"] if first else [fix]):
             if v not in variants:
@@ -332,7 +344,7 @@ def summary(results: dict[str, Any]) -> str:
         ver = (res.get("verify") or {})
         recs = {r["id"]: r for r in ver.get("recommendations") or []}
         trials = _trials(ver)
-        for fix in ("aa", *CASES[case]):
+        for fix in ("aa", *fixes(case)):
             trial = trials.get(fix) or {}
             first = trial.get("measured_after")
             start = (res["fresh"].get(first or "baseline") or {})

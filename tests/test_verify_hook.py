@@ -64,7 +64,9 @@ def test_verify_runs_after_the_window_restores_everything_and_stores_it(tmp_path
     assert section["restored"] is True and section["status"] == "done"
     trials = section["trials"]
     assert list(trials) == ["aa", "amp", "channels_last", "tf32", "batch_size"]
-    assert trials["aa"]["status"] in ("no_change", "measured")
+    # a tiny CPU loop on a shared machine may be too noisy for a verdict: then it says so
+    assert trials["aa"]["status"] in ("no_change", "measured") or \
+        trials["aa"]["verdict"].startswith("inconclusive"), trials["aa"]
     assert trials["tf32"]["status"] == "not_verifiable"  # no CUDA here
     assert trials["batch_size"]["status"] == "not_verifiable" and trials["batch_size"]["reason"]
     for fix in ("amp", "channels_last"):  # switched on and off in blocks, on the CPU
@@ -283,3 +285,42 @@ def test_a_fix_that_breaks_the_loops_forward_is_failed_and_training_goes_on(tmp_
     assert prof.report["verification"]["restored"] is True
     assert "forward" not in model.__dict__
     assert any("verifying amp failed" in str(w.message) for w in caught)
+
+
+def test_a_slow_loop_keeps_its_noise_and_after_runs_to_a_share_of_the_cap():
+    # an SD-UNet at 446 ms/iteration spent a 90 s cap on 200 noise iterations, then as many
+    # after the trials: 179 s, no trial run. Iteration times are given, not slept.
+    from tb_gpuprof.analysis import verify as stats
+
+    fix = FlagSwitch("fix")
+    v = LoopVerifier([_Planned("aa", NullSwitch()), _Planned("fix", fix)], sync=lambda: None,
+                     snapshot=lambda: fix.on, requested=["fix"], max_seconds=90.0)
+    spent_ms = 0.0
+    while not v.done:
+        ms = 300.0 if fix.on else 446.0
+        v.on_step(ms)
+        spent_ms += ms
+    section = v.section()
+    assert len(v.before) == stats.MIN_NOISE_ITERATIONS == len(v.after)
+    assert spent_ms <= 1.1 * 90_000, spent_ms  # the cap, with at most one block's overrun
+    assert section["trials"]["fix"]["status"] == "measured", section["trials"]
+    assert 25.0 < section["trials"]["fix"]["saving_pct"] < 40.0
+
+
+def test_a_compile_is_not_counted_against_the_trial_that_measures_what_it_made():
+    # the H100 LoRA: a compile of ~20 s in a 22 s share left 7 iterations and no verdict
+    fix = FlagSwitch("compile")
+    fix.warmup_hint_iterations = 3
+    v = LoopVerifier([_Planned("aa", NullSwitch()), _Planned("compile", fix)],
+                     sync=lambda: None, snapshot=lambda: fix.on, requested=["compile"],
+                     noise_iterations=40, max_seconds=30.0)
+    compiled = False
+    while not v.done:
+        if fix.on and not compiled:
+            compiled = True
+            v.on_step(40_000.0)  # the first compiled iteration, longer than the trial's share
+            continue
+        v.on_step(70.0 if fix.on else 100.0)
+    trial = v.section()["trials"]["compile"]
+    assert trial["status"] == "measured" and 25.0 < trial["saving_pct"] < 35.0, trial
+    assert trial["warmup_seconds"] is not None

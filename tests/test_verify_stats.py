@@ -203,7 +203,8 @@ def test_the_iteration_cap_stops_an_imprecise_trial():
     rng = np.random.default_rng(4)
     trial = Trial(block=3, max_iterations=150)
     r = drive(trial, lambda i, on: BASE_MS + rng.normal(0.0, 3.0))
-    assert r.iterations == 150 and r.status in ("no_change", "measured")
+    assert r.iterations == 150
+    assert r.status == "stopped" and r.verdict.startswith("inconclusive"), r  # ±33 %
     assert trial.next_state() is False  # done: the fix stays off
 
 
@@ -308,3 +309,13 @@ def test_blocks_shorten_to_what_the_trials_time_share_holds():
         t.next_state()
         t.record(75.0)
     assert t.pairs >= MIN_PAIRS
+
+
+def test_an_interval_too_wide_to_rule_anything_out_is_inconclusive_not_no_change():
+    from tb_gpuprof.analysis.verify import INCONCLUSIVE_PCT, verdict
+
+    status, text = verdict(4.2, -1336.1, 93.6)  # 2 block pairs of a 447 ms loop
+    assert status == "stopped" and text.startswith("inconclusive: within ±1336%")
+    status, _ = verdict(0.3, -INCONCLUSIVE_PCT + 1, INCONCLUSIVE_PCT - 1)
+    assert status == "no_change"
+    assert verdict(70.0, 5.0, 96.0)[0] == "measured"  # wide, but it rules out no saving

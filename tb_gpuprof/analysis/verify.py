@@ -74,6 +74,16 @@ MIN_SIZING_BLOCK = 4  # noise-curve points from this block size up size the bloc
 # Un-switched iterations the hook should time before the trials: the curve then reaches
 # blocks of 25, and an iteration CV up to ~5 % is sized from measured points, not extrapolated.
 DEFAULT_NOISE_ITERATIONS = 200
+# A slow loop ends its noise run earlier: at this share of the verification's time cap, once
+# it has MIN_NOISE_ITERATIONS (the after-run repeats it, so the two take twice that share;
+# the H100 SD-UNet at 446 ms/iteration spent a 90 s cap on its 200 noise iterations alone).
+NOISE_TIME_SHARE = 0.15
+MIN_NOISE_ITERATIONS = MIN_NOISE_BLOCKS * MIN_SIZING_BLOCK  # the first point that sizes
+# An interval that spans zero and reaches further than this either way rules nothing out: a
+# fix could save a quarter of the iteration, or cost it. It is reported as ``stopped``
+# ("inconclusive"), not as "no measurable change" (the H100 SD-UNet at 447 ms/iteration: 2
+# block pairs in a 13 s share, ±1336 %).
+INCONCLUSIVE_PCT = 25.0
 DEFAULT_WARMUP = 2  # iterations discarded after each switch
 DEFAULT_MAX_ITERATIONS = 1000
 DEFAULT_MAX_SECONDS = 120.0
@@ -233,6 +243,9 @@ def verdict(saving: float, lo: float, hi: float) -> tuple[Status, str]:
         return "measured", f"saves {saving:.1f}% [{lo:.1f}%, {hi:.1f}%]"
     if hi < 0.0:
         return "measured", f"slower by {-saving:.1f}% [{-hi:.1f}%, {-lo:.1f}%]"
+    if max(-lo, hi) > INCONCLUSIVE_PCT:
+        return "stopped", (f"inconclusive: within ±{max(-lo, hi):.0f}%, too wide to tell "
+                           "(a longer verify_max_s gives it more block pairs)")
     return "no_change", f"no measurable change (within ±{max(-lo, hi):.1f}%)"
 
 
@@ -294,14 +307,19 @@ class Trial:
         """Whether the fix should be on for the next iteration (off once done)."""
         return False if self._done else self.arm(self._index)
 
-    def record(self, iteration_ms: float) -> None:
-        """The wall time of the iteration just run in ``next_state()``; ignored once done."""
+    def record(self, iteration_ms: float, one_off: bool = False) -> None:
+        """The wall time of the iteration just run in ``next_state()``; ignored once done.
+
+        ``one_off``: the iteration paid the fix's one-off cost (a compile, reported on its
+        own); it does not count against ``max_seconds``, or a compile that takes most of the
+        trial's share leaves no time to measure the code it made (the H100 LoRA: a 24 s
+        compile in a 22 s share, 7 iterations, no verdict)."""
         if self._done:
             return
         if not (math.isfinite(iteration_ms) and iteration_ms > 0.0):
             raise ValueError(f"iteration time {iteration_ms!r} ms")
         self.iterations += 1
-        self.seconds += iteration_ms / 1000.0
+        self.seconds += 0.0 if one_off else iteration_ms / 1000.0
         if self._warm_left > 0:
             self._warm_left -= 1
         else:

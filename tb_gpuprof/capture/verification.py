@@ -3,7 +3,8 @@
 After the window's report exists, the hook hands every iteration's wall time to a
 :class:`LoopVerifier`, which tells it what to switch before the next iteration:
 
-1. **noise**: ``noise_iterations`` un-switched iterations give the loop's own block-to-block
+1. **noise**: ``noise_iterations`` un-switched iterations (fewer in a slow loop: at most
+   about ``NOISE_TIME_SHARE`` of the cap) give the loop's own block-to-block
    noise, which sizes the blocks (analysis/verify.block_size), and the speed before the trials;
 2. **trials**, one fix after another: blocks without and with the fix, ABBA BAAB ..., the
    first iterations after each switch discarded (analysis/verify.Trial); an A/A control
@@ -112,7 +113,7 @@ class LoopVerifier:
 
     def _noise(self, ms: float) -> None:
         self.before.append(ms)
-        if len(self.before) < self.noise_iterations:
+        if len(self.before) < self.noise_iterations and not self._noise_time_spent():
             return
         self.block = stats.block_size(self.before)
         noise = stats.block_noise(self.before, self.block)
@@ -122,6 +123,12 @@ class LoopVerifier:
         self._state_before = self.snapshot()
         self.phase = "trial"
         self._next_fix()
+
+    def _noise_time_spent(self) -> bool:
+        """Whether a slow loop's noise run has had its share of the time cap (and enough
+        iterations for a block size from measured points)."""
+        return (len(self.before) >= stats.MIN_NOISE_ITERATIONS and sum(self.before)
+                >= 1000.0 * stats.NOISE_TIME_SHARE * self.max_seconds)
 
     def _next_fix(self) -> None:
         while self.plan:
@@ -180,6 +187,7 @@ class LoopVerifier:
     def _in_trial(self, ms: float) -> None:
         trial, planned = self._trial, self._current
         assert trial is not None and planned is not None
+        one_off = self._switch_started is not None and self._one_off_cost(planned)
         if self._switch_started is not None:  # the fix's first switch-on (compile): its cost
             self._warmup_s = time.perf_counter() - self._switch_started
             self._switch_started = None
@@ -194,11 +202,19 @@ class LoopVerifier:
             t = time.perf_counter()
             self.sync()
             ms += (time.perf_counter() - t) * 1e3
-        trial.record(ms)
+        trial.record(ms, one_off=one_off)
+        if one_off:  # reported as warmup_seconds; the caps count the time spent measuring
+            self._t0 += ms / 1000.0
         if trial.done:
             self._close_trial()
             return
         self._set(trial.next_state())
+
+    @staticmethod
+    def _one_off_cost(planned: _Planned) -> bool:
+        """Whether the first iteration with this fix pays a one-off cost (compilation) that
+        its trial and the verification's cap leave out."""
+        return _compiles(planned.fix_id)
 
     def _set(self, on: bool) -> None:
         """Switch the current fix for the next iteration (a no-op when already so)."""
