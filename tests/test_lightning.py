@@ -145,5 +145,7 @@ def test_verify_runs_inside_the_fit_with_the_trainers_optimizer(tmp_path):
     section = load_run_report(run)["verification"]
     assert section["restored"] is True, section
     amp = section["trials"]["amp"]
-    assert amp["blocks"] >= 4 and amp["status"] in ("measured", "no_change"), amp
+    # a tiny CPU loop on a shared machine may be too noisy for a verdict: then it says so
+    assert amp["blocks"] >= 4 and (amp["status"] in ("measured", "no_change")
+                                   or amp["verdict"].startswith("inconclusive")), amp
     assert "forward" not in module.__dict__  # the autocast wrapper is gone
