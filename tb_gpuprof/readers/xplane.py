@@ -28,6 +28,7 @@ by length. What comes out:
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import re
 from typing import Any
@@ -709,9 +710,12 @@ class _Reader:
         if self.skipped_lines:
             prof.metadata["skipped_gpu_lines"] = sorted(self.skipped_lines)
         for seq in (prof.gpu, prof.cpu_ops, prof.runtime, prof.annotations):
-            seq.sort(key=lambda e: e.start_us)
+            seq.sort(key=_START)  # stable: events that start together keep their order
         if not (prof.gpu or prof.cpu_ops or prof.runtime or prof.annotations):
             raise EmptyProfileError(self.path, "XPlane holds no GPU or host activity")
+
+
+_START = operator.attrgetter("start_us")
 
 
 def _op_span(name: str, display: str, st: dict[str, Any], start: float,

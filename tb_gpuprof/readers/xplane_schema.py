@@ -4,13 +4,13 @@ Wire-compatible with tsl/profiler/protobuf/xplane.proto but our own: no generate
 TensorFlow or XProf, and two deliberate differences that make decoding lazy.
 
 * ``XSpace.planes`` and ``XPlane.lines`` are declared ``bytes``. On the wire an embedded
-  message and a bytes field are the same (length-delimited), so parsing an XSpace only slices
-  out each plane, and parsing a plane only slices out each line. The reader then parses the
-  planes (with :data:`XPlane`) and lines (with :data:`XLine`) it uses and never decodes the
-  others: a host plane with millions of Python-tracer events costs nothing on a GPU profile.
-* ``XLineHeader`` declares a line's id, name and timestamp but not its events: parsing a line
-  with it keeps the events as unknown bytes (a copy, no decoding), to decide from the name
-  whether the line is worth a full parse.
+  message and a bytes field are the same (length-delimited), so parsing an XSpace only
+  slices out each plane, and the reader parses only the planes it uses (tools that rewrite
+  lines, such as benchmarks/scale_xplane.py, parse planes with :data:`XPlane`).
+* ``XPlaneLines`` is an XPlane whose lines keep each event as ``bytes`` (``XLineEvents``):
+  one parse of a plane gives every line's header and its events as byte strings, with no
+  message per event. The reader decodes those bytes column-wise (xplane_columns.py) and
+  parses with :data:`XEvent` only the events it must.
 
 Maps (``event_metadata``, ``stat_metadata``) are declared as the repeated entry messages they
 are on the wire. Strings are ``bytes`` where a producer might write invalid UTF-8 (stat
@@ -48,6 +48,14 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
         ("id", 1, _T.TYPE_INT64, _OPT, None, None),
         ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
     ],
+    "XPlaneLines": [  # an XPlane whose lines keep their events as bytes
+        ("id", 1, _T.TYPE_INT64, _OPT, None, None),
+        ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
+        ("lines", 3, _T.TYPE_MESSAGE, _REP, "XLineEvents", None),
+        ("event_metadata", 4, _T.TYPE_MESSAGE, _REP, "EventMetadataEntry", None),
+        ("stat_metadata", 5, _T.TYPE_MESSAGE, _REP, "StatMetadataEntry", None),
+        ("stats", 6, _T.TYPE_MESSAGE, _REP, "XStat", None),
+    ],
     "EventMetadataEntry": [
         ("key", 1, _T.TYPE_INT64, _OPT, None, None),
         ("value", 2, _T.TYPE_MESSAGE, _OPT, "XEventMetadata", None),
@@ -55,12 +63,6 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
     "StatMetadataEntry": [
         ("key", 1, _T.TYPE_INT64, _OPT, None, None),
         ("value", 2, _T.TYPE_MESSAGE, _OPT, "XStatMetadata", None),
-    ],
-    "XLineHeader": [
-        ("id", 1, _T.TYPE_INT64, _OPT, None, None),
-        ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
-        ("timestamp_ns", 3, _T.TYPE_INT64, _OPT, None, None),
-        ("display_name", 11, _T.TYPE_BYTES, _OPT, None, None),
     ],
     "XLine": [
         ("id", 1, _T.TYPE_INT64, _OPT, None, None),
@@ -76,23 +78,12 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
         ("stats", 4, _T.TYPE_MESSAGE, _REP, "XStat", None),
         ("num_occurrences", 5, _T.TYPE_INT64, _OPT, None, 0),
     ],
-    # Hot lines (streams, host threads) are read twice, both in C: once with events that
-    # declare no stats (their stats stay unknown bytes: id, offset and duration read fast),
-    # once with each event as raw bytes, which a regex checks for the stats wanted before
-    # anything decodes them.
-    "XLineSlim": [
+    "XLineEvents": [  # an XLine with each event as its serialized bytes
         ("id", 1, _T.TYPE_INT64, _OPT, None, None),
+        ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
         ("timestamp_ns", 3, _T.TYPE_INT64, _OPT, None, None),
-        ("events", 4, _T.TYPE_MESSAGE, _REP, "XEventSlim", None),
-    ],
-    "XEventSlim": [
-        ("metadata_id", 1, _T.TYPE_INT64, _OPT, None, None),
-        ("offset_ps", 2, _T.TYPE_INT64, _OPT, None, 0),
-        ("duration_ps", 3, _T.TYPE_INT64, _OPT, None, None),
-        ("num_occurrences", 5, _T.TYPE_INT64, _OPT, None, 0),
-    ],
-    "XLineEventBytes": [
         ("events", 4, _T.TYPE_BYTES, _REP, None, None),
+        ("display_name", 11, _T.TYPE_BYTES, _OPT, None, None),
     ],
     "XStat": [
         ("metadata_id", 1, _T.TYPE_INT64, _OPT, None, None),
@@ -114,7 +105,7 @@ _SCHEMA: dict[str, list[tuple[str, int, int, int, str | None, int | None]]] = {
         ("name", 2, _T.TYPE_BYTES, _OPT, None, None),
     ],
 }
-_ONEOFS = {"XEvent": "data", "XEventSlim": "data", "XStat": "value"}
+_ONEOFS = {"XEvent": "data", "XStat": "value"}
 
 
 def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
@@ -144,13 +135,12 @@ _CLASSES = _build()
 XSpace = _CLASSES["XSpace"]
 XPlane = _CLASSES["XPlane"]
 XPlaneHeader = _CLASSES["XPlaneHeader"]
-XLineHeader = _CLASSES["XLineHeader"]
+XPlaneLines = _CLASSES["XPlaneLines"]
 XLine = _CLASSES["XLine"]
-XLineSlim = _CLASSES["XLineSlim"]
-XLineEventBytes = _CLASSES["XLineEventBytes"]
+XLineEvents = _CLASSES["XLineEvents"]
 XEvent = _CLASSES["XEvent"]
 XEventMetadata = _CLASSES["XEventMetadata"]
 XStat = _CLASSES["XStat"]
 
-__all__ = ["XEvent", "XLine", "XLineEventBytes", "XLineHeader", "XLineSlim", "XPlane",
-           "XPlaneHeader", "XSpace", "XStat"]
+__all__ = ["XEvent", "XLine", "XLineEvents", "XPlane", "XPlaneHeader", "XPlaneLines", "XSpace",
+           "XStat"]

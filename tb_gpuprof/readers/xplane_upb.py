@@ -2,33 +2,27 @@
 
 The same reading rules as the wire decoder in xplane.py (its ``_Reader`` methods turn a
 device event's stats into an activity, a host event into an op/call/range), with the
-protobuf parsing done in C. Parsing is lazy where the schema allows it: an XSpace is parsed
-into raw planes; only the planes the analysis reads (GPU devices, host threads, CUPTI,
-metadata, task environment) are parsed; of a GPU plane only the stream, op and step lines are
-parsed to events, other lines stop at their header.
+protobuf parsing done in C and the events of the hot lines (GPU streams, host threads)
+decoded column-wise with numpy (xplane_columns.py). Parsing is lazy where the schema allows
+it: an XSpace is parsed into raw planes; only the planes the analysis reads (GPU devices,
+host threads, CUPTI, metadata, task environment) are parsed, each into its lines with every
+event as bytes; only the events of stream, op, step and host lines are decoded.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
-from typing import Any
+from collections.abc import Iterator
+from itertools import repeat
+from typing import Any, NamedTuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ..model import STEP, USER, Annotation, GpuActivity
+from ..model import STEP, USER, Annotation, CpuOp, GpuActivity, RuntimeCall
 from . import xplane as wire
-from .xplane_schema import (
-    XEvent,
-    XLine,
-    XLineEventBytes,
-    XLineHeader,
-    XLineSlim,
-    XPlane,
-    XPlaneHeader,
-    XSpace,
-)
+from .xplane_columns import CORRELATION, READ, EventColumns, IdCodes, IntStats, LaunchGroups
+from .xplane_schema import XEvent, XPlaneHeader, XPlaneLines, XSpace
 
 _PLANES_READ = (wire.HOST_PLANE, wire.CUPTI_PLANE, wire.METADATA_PLANE, wire.TASK_ENV_PLANE)
 
@@ -80,161 +74,6 @@ def _stat_finder(ids: Any) -> re.Pattern[bytes]:
     return re.compile(rb"\x22(?:[\x80-\xff]{0,2}[\x00-\x7f])" + first, re.DOTALL)
 
 
-class _IntStatStripper:
-    """Removes integer XStats with given metadata ids from a serialized XEvent.
-
-    The pattern spells out each stat exactly: tag 0x22, its length byte (which must equal what
-    follows), field 1 with one of the ids, then one uint64 (0x18) or int64 (0x20) varint as the
-    stat's only value. ``key`` is the event's bytes after its id/offset/duration header,
-    without those stats: equal keys mean equal stats apart from the stripped ones.
-    """
-
-    def __init__(self, ids: Any) -> None:
-        by_len: dict[int, list[bytes]] = {}
-        for i in sorted(ids):
-            by_len.setdefault(len(_varint(i)), []).append(re.escape(_varint(i)))
-        alts = []
-        for id_len, mids in by_len.items():
-            mid_alt = b"(?:" + b"|".join(mids) + b")"
-            for value_len in range(1, 11):
-                length = re.escape(bytes([1 + id_len + 1 + value_len]))
-                alts.append(b"\x22" + length + b"\x08" + mid_alt + rb"[\x18\x20]"
-                            + (rb"[\x80-\xff]{%d}" % (value_len - 1)) + rb"[\x00-\x7f]")
-        self.pattern = re.compile(b"|".join(alts) if alts else rb"(?!)", re.DOTALL)
-        self._strip = self.pattern.sub
-
-    def key(self, ev_bytes: bytes) -> bytes:
-        head = _EVENT_HEAD.match(ev_bytes)
-        return self._strip(b"", ev_bytes[head.end():] if head else ev_bytes)
-
-
-_EVENT_HEAD = re.compile(rb"(?:\x08[\x80-\xff]{0,9}[\x00-\x7f])?(?:\x10[\x80-\xff]{0,9}"
-                         rb"[\x00-\x7f])?(?:\x18[\x80-\xff]{0,9}[\x00-\x7f])?")
-
-
-def _int_stat_value(stat: bytes) -> int:
-    """The value of a stat :class:`_IntStatStripper` matched: 0x22 L 0x08 id tag varint."""
-    i = 3
-    while stat[i] >= 0x80:  # the id's varint
-        i += 1
-    signed = stat[i + 1] == 0x20  # int64_value, else uint64_value
-    value = 0
-    for shift, b in enumerate(stat[i + 2:]):
-        value |= (b & 0x7F) << (7 * shift)
-    if signed and value >= 1 << 63:  # two's complement
-        value -= 1 << 64
-    return value
-
-
-class _Headers:
-    """Every event's metadata id, offset and duration, decoded from the line's event bytes in
-    numpy (varints, column-wise) instead of one upb attribute read per field and event; and,
-    with ``wanted`` (stat id -> name), each event's wanted integer stats.
-
-    Producers write an XEvent's fields in field order: metadata_id (tag 0x08), offset_ps
-    (0x10), duration_ps (0x18), then stats (0x22) and num_occurrences (0x28). Each event's
-    fields after the header are walked too (column-wise, one field per step), so an event
-    that repeats or reorders a header field, or a varint running past its event, makes
-    ``ok`` False, and the caller reads that line with upb instead. A stat is taken here only
-    as ``metadata_id`` then one uint64/int64 value; an event with a stat that may carry a
-    wanted id in any other layout is marked ``decode`` (upb decodes its stats).
-    """
-
-    __slots__ = ("_buf", "decode", "durations", "has_offset", "metadata_ids", "offsets",
-                 "ok", "stats")
-
-    def __init__(self, events: Any, wanted: dict[int, str]) -> None:
-        n = len(events)
-        lens = np.fromiter(map(len, events), np.int64, n)
-        self._buf = np.frombuffer(b"".join(events) + b"\x00" * 11, np.uint8)  # padded
-        ends = np.cumsum(lens)
-        pos = ends - lens
-        self.metadata_ids, _ = self._field(pos, ends, 0x08)
-        self.offsets, self.has_offset = self._field(pos, ends, 0x10)
-        self.durations, _ = self._field(pos, ends, 0x18)
-        self.stats: dict[int, dict[str, int]] = {}  # event index -> its wanted stats
-        self.decode = np.zeros(n, dtype=bool)
-        walked = self._walk_rest(pos, ends)
-        self.ok = walked is not None and not (pos > ends).any()
-        if self.ok and walked is not None and wanted:
-            self._int_stats(*walked, wanted)
-        del self._buf
-
-    def _varints(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(value, position after it) of the varints starting at ``at``; position -1 for a
-        varint longer than 10 bytes."""
-        buf = self._buf
-        value = np.zeros(len(at), np.uint64)
-        at = at.copy()
-        going = np.ones(len(at), dtype=bool)
-        for k in range(10):
-            byte = buf[at].astype(np.uint64)
-            value[going] |= (byte[going] & np.uint64(0x7F)) << np.uint64(7 * k)
-            at[going] += 1
-            going &= byte >= 0x80
-            if not going.any():
-                return value, at
-        at[going] = -1
-        return value, at
-
-    def _field(self, pos: np.ndarray, ends: np.ndarray, tag: int
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """The int64 values of field ``tag`` where it comes next (0 elsewhere); moves ``pos``
-        past it. A varint that runs past its event is left for the walk to reject."""
-        present = (pos < ends) & (self._buf[pos] == tag)
-        value = np.zeros(len(pos), np.uint64)
-        idx = np.flatnonzero(present)
-        v, after = self._varints(pos[idx] + 1)
-        value[idx] = v
-        pos[idx] = np.where(after < 0, ends[idx] + 1, after)
-        return value.view(np.int64), present
-
-    def _walk_rest(self, pos: np.ndarray, ends: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(event index, start, end) of every stat, when every event's fields after its
-        header are stats or num_occurrences ending exactly at the event's end; else None."""
-        idx = np.flatnonzero(pos < ends)
-        at, end = pos[idx], ends[idx]
-        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        while len(idx):
-            tag = self._buf[at]
-            if not np.isin(tag, (0x22, 0x28)).all():
-                return None
-            value, after = self._varints(at + 1)
-            if (after < 0).any() or (value > np.uint64(1 << 40)).any():
-                return None
-            is_stat = tag == 0x22
-            nxt = np.where(is_stat, after + value.astype(np.int64), after)
-            if (nxt > end).any():
-                return None
-            found.append((idx[is_stat], after[is_stat], nxt[is_stat]))
-            more = nxt < end
-            idx, at, end = idx[more], nxt[more], end[more]
-        if not found:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return tuple(np.concatenate(c) for c in zip(*found, strict=True))  # type: ignore
-
-    def _int_stats(self, event: np.ndarray, start: np.ndarray, end: np.ndarray,
-                   wanted: dict[int, str]) -> None:
-        buf = self._buf
-        ids = np.fromiter(wanted, np.int64, len(wanted))
-        id_first = (buf[start] == 0x08) & (end > start)
-        self.decode[event[~id_first]] = True  # its id is not where we read it: upb decides
-        event, start, end = event[id_first], start[id_first], end[id_first]
-        mid, after = self._varints(start + 1)
-        mine = np.isin(mid.view(np.int64), ids) & (after > 0)
-        event, end, mid, after = event[mine], end[mine], mid[mine], after[mine]
-        tag = buf[after]
-        value, stop = self._varints(after + 1)
-        plain = ((tag == 0x18) | (tag == 0x20)) & (stop == end)
-        self.decode[event[~plain]] = True
-        signed = value.view(np.int64)
-        for e, m, t, v, sv in zip(event[plain].tolist(), mid[plain].tolist(),
-                                  tag[plain].tolist(), value[plain].tolist(),
-                                  signed[plain].tolist(), strict=True):
-            self.stats.setdefault(e, {})[wanted[m]] = sv if t == 0x20 else v
-
-
 class _UpbPlane:
     __slots__ = ("emd", "id", "msg", "name", "names")
 
@@ -250,10 +89,6 @@ class _UpbPlane:
 
 class UpbReader(wire._Reader):
     """``wire._Reader`` with every byte-level step done by upb."""
-
-    def __init__(self, path: str, buf: bytes) -> None:
-        super().__init__(path, buf)
-        self.templates: dict[tuple, GpuActivity | None] = {}
 
     def read(self) -> Any:
         space = XSpace.FromString(self.buf)
@@ -278,7 +113,7 @@ class UpbReader(wire._Reader):
         if not self.named_planes:
             raise wire._not_xspace(self.path, "it holds no named XPlane planes")
         for i in gpu + other:  # the GPU planes first, as the wire decoder reads them
-            plane = _UpbPlane(XPlane.FromString(raws[i]))
+            plane = _UpbPlane(XPlaneLines.FromString(raws[i]))
             raws[i] = None
             self.read_plane(plane)
         self.finish()
@@ -311,62 +146,24 @@ class UpbReader(wire._Reader):
         dev = int(digits[0]) if digits else p.id
         info = wire._device_info(dev, self.plane_stats(p))
         self.profile.devices.append(info)
-        names, emd, out = p.names, p.emd, self.profile.gpu
+        emd, out = p.emd, self.profile.gpu
         first = len(out)
-        wanted = {mid: n for mid, n in names.items() if n in wire.GPU_STATS}
-        op_cache: dict[tuple, Any] = {}
+        streams = _StreamReader(self, p, dev, info.num_sms)
         op_lines = []
-        for raw in p.msg.lines:
-            head = XLineHeader.FromString(raw)
-            lname = _text(head.name or head.display_name)
+        for line in p.msg.lines:
+            lname = _text(line.name or line.display_name)
             m = wire._STREAM_LINE.match(lname)
             if m is None:
                 if lname in wire.OP_LINES:
-                    op_lines.append(XLine.FromString(raw))
+                    op_lines.append(_decoded(line))
                 elif lname == wire.STEP_LINE:
-                    self.read_gpu_steps(emd, XLine.FromString(raw))
+                    self.read_gpu_steps(emd, _decoded(line))
                 else:
                     self.skipped_lines.add(lname)
                 continue
-            self.read_stream(raw, int(m[1]), dev, p, wanted, op_cache, info.num_sms)
+            streams.read(line, int(m[1]))
         if op_lines:
-            self.name_kernels_from_op_lines(emd, names, op_lines, out, first)
-
-    def read_stream(self, raw: bytes, stream: int, dev: int, p: _UpbPlane,
-                    wanted: dict[int, str], op_cache: dict[tuple, Any],
-                    num_sms: int | None) -> None:
-        """A stream line's activities. The kernels of one op repeat their stats but for the
-        correlation id and other per-launch ids, so each event's bytes less those (and less
-        its id, offset and duration) key one template activity; only a new key is decoded."""
-        corr_ids = [mid for mid, n in wanted.items() if n == "correlation_id"]
-        per_launch = _IntStatStripper(set(p.names) - set(wanted) | set(corr_ids))
-        find_corr = _IntStatStripper(corr_ids).pattern.search if corr_ids else None
-        templates = self.templates
-        out = self.profile.gpu
-        line = XLineSlim.FromString(raw)
-        base_ps = line.timestamp_ns * 1000
-        for ev, ev_bytes in zip(line.events, XLineEventBytes.FromString(raw).events, strict=True):
-            off = ev.offset_ps
-            if not off and not ev.HasField("offset_ps"):
-                continue  # aggregated (num_occurrences): no place on a timeline
-            key = (ev.metadata_id, per_launch.key(ev_bytes))
-            try:
-                t = templates[key]
-            except KeyError:  # a new launch site: decode its stats once
-                st = _stats(XEvent.FromString(ev_bytes).stats, p.names, wanted)
-                name = p.emd.get(ev.metadata_id, wire._NO_MD)[0]
-                t = templates[key] = self.gpu_activity(name, st, op_cache, num_sms)
-            if t is None:
-                continue  # not GPU work
-            corr = t.correlation  # a correlation stat the pattern does not match stays in key
-            m = find_corr(ev_bytes) if find_corr is not None else None
-            if m is not None:
-                corr = _int_stat_value(m.group())
-            dur = ev.duration_ps
-            out.append(GpuActivity(
-                t.kind, t.name, (base_ps + off) / 1e6, (dur if dur > 0 else 0) / 1e6, dev,
-                stream, corr, None, t.grid, t.block, t.registers, t.shared_mem,
-                t.blocks_per_sm, t.occupancy, t.bytes, t.op, t.op_type))
+            self.name_kernels_from_op_lines(emd, p.names, op_lines, out, first)
 
     def op_line_spans(self, emd: Any, names: dict[int, str],
                       op_lines: list[Any]) -> list[tuple[float, float, str, str | None]]:
@@ -401,17 +198,170 @@ class UpbReader(wire._Reader):
         wanted = {mid: n for mid, n in names.items() if n in wire.HOST_STATS}
         if is_tf:
             self.profile.metadata.setdefault("framework", "tensorflow")
-        for raw in p.msg.lines:
-            head = XLineHeader.FromString(raw)
-            line = _HostLine(self, p, head.id, head.timestamp_ns * 1000, cats, cupti, is_tf,
-                             wanted)
-            events = iter(XLineEventBytes.FromString(raw).events)
+        for line in p.msg.lines:
+            reader = _HostLine(self, p, line.id, line.timestamp_ns * 1000, cats, cupti, is_tf,
+                               wanted)
             # in chunks: the columns of a 400k-event line would double the reader's peak
-            while chunk := list(itertools.islice(events, HOST_CHUNK_EVENTS)):
-                line.read(chunk)
+            for chunk in _chunks(line.events, HOST_CHUNK_EVENTS):
+                reader.read(chunk)
 
 
-HOST_CHUNK_EVENTS = 1 << 15
+HOST_CHUNK_EVENTS = 1 << 13
+STREAM_CHUNK_EVENTS = 1 << 13
+
+
+class _DecodedLine(NamedTuple):
+    """A line (op or step line: few events) with each event parsed by upb."""
+
+    timestamp_ns: int
+    events: list[Any]
+
+
+def _decoded(line: Any) -> _DecodedLine:
+    return _DecodedLine(line.timestamp_ns, [XEvent.FromString(ev) for ev in line.events])
+
+
+def _chunks(events: Any, size: int) -> Iterator[list[bytes]]:
+    """A line's events (upb's repeated bytes) as lists of at most ``size``."""
+    for i in range(0, len(events), size):
+        yield events[i:i + size]
+
+
+def _object_column(values: list[Any]) -> np.ndarray:
+    """``values`` as a 1-d object array (np.array would make tuples a second dimension)."""
+    column = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        column[i] = v
+    return column
+
+
+def _times_us(base_ps: int, offsets_ps: np.ndarray) -> np.ndarray:
+    """``(base_ps + offset) / 1e6`` of every offset, as the per-event code computed it: an
+    int64 to float64 conversion then one division, in numpy where the sum fits int64 (else
+    with Python ints, as an object column)."""
+    bound = 1 << 62
+    if not len(offsets_ps) or (abs(base_ps) < bound and -bound < offsets_ps.min()
+                               and offsets_ps.max() < bound):
+        return (offsets_ps + base_ps) / 1e6
+    return _object_column([(base_ps + off) / 1e6 for off in offsets_ps.tolist()])
+
+
+class _StreamReader:
+    """The stream lines of one GPU plane, a chunk of events at a time. The kernels of one op
+    repeat their stats but for the correlation id and other per-launch integers, so the
+    events of a chunk are grouped by launch site (:class:`LaunchGroups`) and one event per
+    launch site, per plane, is decoded into a template activity; every event's activity is
+    its template with the event's times and correlation id."""
+
+    def __init__(self, reader: UpbReader, p: _UpbPlane, dev: int, num_sms: int | None) -> None:
+        self.reader, self.p, self.dev, self.num_sms = reader, p, dev, num_sms
+        self.wanted = {mid: n for mid, n in p.names.items() if n in wire.GPU_STATS}
+        self.roles = IdCodes({mid: CORRELATION if n == "correlation_id" else READ
+                              for mid, n in self.wanted.items()})
+        self.templates: dict[tuple[int, bytes], GpuActivity | None] = {}
+        self.op_cache: dict[tuple, Any] = {}
+        self.out = reader.profile.gpu
+
+    def read(self, line: Any, stream: int) -> None:
+        base_ps = line.timestamp_ns * 1000
+        for chunk in _chunks(line.events, STREAM_CHUNK_EVENTS):
+            cols = EventColumns(chunk)
+            if cols.ok:
+                self.read_columns(chunk, cols, base_ps, stream)
+            else:  # a layout the column decoder does not take: upb reads each event
+                self.read_upb(chunk, base_ps, stream)
+
+    def decode(self, ev: Any) -> GpuActivity | None:
+        """The activity of one parsed event (times and stream not set), None if no GPU work."""
+        st = _stats(ev.stats, self.p.names, self.wanted)
+        name = self.p.emd.get(ev.metadata_id, wire._NO_MD)[0]
+        return self.reader.gpu_activity(name, st, self.op_cache, self.num_sms)
+
+    def read_upb(self, events: list[bytes], base_ps: int, stream: int) -> None:
+        for ev_bytes in events:
+            ev = XEvent.FromString(ev_bytes)
+            if not ev.HasField("offset_ps"):
+                continue  # aggregated (num_occurrences): no place on a timeline
+            act = self.decode(ev)
+            if act is not None:
+                act.start_us = (base_ps + ev.offset_ps) / 1e6
+                act.dur_us = max(ev.duration_ps, 0) / 1e6
+                act.device, act.stream = self.dev, stream
+                self.out.append(act)
+
+    def templates_of(self, events: list[bytes], groups: LaunchGroups
+                     ) -> tuple[np.ndarray, list[GpuActivity | None]]:
+        """(template number per event, -1 where none; the templates): one per launch group
+        (decoded on its first sight in this plane), one per event that is decoded alone."""
+        found = [self.templates.get(key, _UNSEEN) for key in groups.keys]
+        for i, (t, key, ev_index) in enumerate(zip(found, groups.keys, groups.first,
+                                                   strict=True)):
+            if t is _UNSEEN:
+                t = found[i] = self.templates[key] = self.decode(
+                    XEvent.FromString(events[ev_index]))
+        number = groups.group.copy()
+        alone = np.flatnonzero(groups.alone & groups.timed)
+        number[alone] = np.arange(len(found), len(found) + len(alone))
+        found += [self.decode(XEvent.FromString(events[i])) for i in alone.tolist()]
+        return number, found
+
+    def read_columns(self, events: list[bytes], cols: EventColumns, base_ps: int,
+                     stream: int) -> None:
+        groups = LaunchGroups(cols, self.roles)
+        number, templates = self.templates_of(events, groups)
+        is_work = np.array([t is not None for t in templates] + [False], dtype=bool)
+        shown = np.flatnonzero(is_work[number])  # number -1: the False at the end
+        numbers = number[shown]
+        corrs = groups.correlations(shown)
+        for j in np.flatnonzero(groups.alone[shown]).tolist():  # the event's own, decoded
+            corrs[j] = templates[numbers[j]].correlation
+        corrs = corrs.tolist()
+        per_event = [_object_column([getattr(t, f, None) for t in templates])[numbers].tolist()
+                     for f in _TEMPLATE_FIELDS]
+        kind, name, grid, block, regs, shared, per_sm, occ, nbytes, op, op_type = per_event
+        self.out.extend(map(
+            GpuActivity, kind, name, _times_us(base_ps, cols.offsets[shown]).tolist(),
+            (np.maximum(cols.durations[shown], 0) / 1e6).tolist(), repeat(self.dev),
+            repeat(stream), corrs, repeat(None), grid, block, regs, shared, per_sm, occ,
+            nbytes, op, op_type))
+
+
+# what an activity takes from its launch site's template (all but times and ids)
+_TEMPLATE_FIELDS = ("kind", "name", "grid", "block", "registers", "shared_mem",
+                    "blocks_per_sm", "occupancy", "bytes", "op", "op_type")
+
+
+_UNSEEN: Any = object()
+
+
+_IS_RANGE = np.zeros(6, dtype=bool)  # host categories that make annotations (not instants)
+_IS_RANGE[[wire._STEP_NAMED, wire._WEAK, wire._USER]] = True
+_RANGE_KIND = _object_column([USER, STEP])  # by is-a-step: the model's own str objects
+
+
+_NONE = np.array(None, dtype=object)
+
+
+def _present(values: np.ndarray) -> np.ndarray:
+    """Where an object column holds a value (not None)."""
+    return np.not_equal(values, _NONE)
+
+
+class _LiveEvents:
+    """The columns of a chunk's live host events (named, timed, not skipped): category
+    number, name, start and duration (us), each a numpy array to index by output."""
+
+    def __init__(self, cats: list[tuple[int, str, int | None]], categories: np.ndarray,
+                 starts_us: np.ndarray, durations_ps: np.ndarray) -> None:
+        self.cats, self.categories = cats, categories
+        self.names = _object_column([c[1] for c in cats])[categories]  # shared str objects
+        self.starts_us, self.durations_ps = starts_us, durations_ps
+        self.durations_us = durations_ps / 1e6
+
+    def columns(self, events: np.ndarray) -> tuple[list[str], list[float], list[float]]:
+        """(name, start, duration) of ``events``."""
+        return (self.names[events].tolist(), self.starts_us[events].tolist(),
+                self.durations_us[events].tolist())
 
 
 class _HostLine:
@@ -430,34 +380,62 @@ class _HostLine:
         return cat
 
     def read(self, events: list[bytes]) -> None:
-        cols = _Headers(events, self.wanted)
+        cols = EventColumns(events)
         if not cols.ok:  # a layout the column decoder does not take: upb reads each event
             self.read_upb(events)
             return
-        cats, names, wanted, tid, base_ps = (self.cats, self.p.names, self.wanted, self.tid,
-                                             self.base_ps)
-        skip, user = wire._SKIP, wire._USER
-        host_event = self.reader.host_event
-        annotations = self.reader.profile.annotations
-        stats, decode = cols.stats, cols.decode.tolist()
-        for i, (mid, off, has_off, dur) in enumerate(zip(
-                cols.metadata_ids.tolist(), cols.offsets.tolist(),
-                cols.has_offset.tolist(), cols.durations.tolist(), strict=True)):
-            cat = cats.get(mid) or self.category(mid)
-            if cat[0] == skip:
-                continue
-            if not has_off:
-                continue  # aggregated: no place on a timeline
-            if i in stats or decode[i]:
-                st = (_stats(XEvent.FromString(events[i]).stats, names, wanted)
-                      if decode[i] else stats[i]) or None
-                host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, st)
-            elif cat[0] == user:  # the common case, inline: a TraceMe range
-                if dur > 0:
-                    annotations.append(Annotation(cat[1], (base_ps + off) / 1e6, dur / 1e6,
-                                                  USER))
-            else:
-                host_event(cat, (base_ps + off) / 1e6, dur if dur > 0 else 0, tid, None)
+        ids, per_event = np.unique(cols.metadata_ids, return_inverse=True)
+        cats = [self.cats.get(mid) or self.category(mid) for mid in ids.tolist()]
+        kinds = np.array([c[0] for c in cats], np.int64)[per_event]
+        live = np.flatnonzero(cols.has_offset & (kinds != wire._SKIP))  # else no range
+        steps, corrs = self.stats_of(events, cols, live)
+        kinds = kinds[live]
+        # an event's own stats decide over its name: a step number makes it a step, else a
+        # correlation id a runtime call (host_event's rule)
+        kinds[_present(steps)] = wire._STEP_NAMED
+        kinds[(kinds != wire._STEP_NAMED) & _present(corrs)] = wire._RUNTIME
+        events_of = _LiveEvents(cats, per_event[live], _times_us(self.base_ps, cols.offsets[live]),
+                                np.maximum(cols.durations[live], 0))
+        prof = self.reader.profile
+        runtime = np.flatnonzero(kinds == wire._RUNTIME)
+        prof.runtime.extend(map(RuntimeCall, *events_of.columns(runtime), repeat(self.tid),
+                                corrs[runtime].tolist()))
+        cpu_ops = np.flatnonzero(kinds == wire._CPU_OP)
+        prof.cpu_ops.extend(map(CpuOp, *events_of.columns(cpu_ops), repeat(self.tid)))
+        ranges = np.flatnonzero(_IS_RANGE[kinds] & (events_of.durations_ps > 0))
+        self.add_ranges(ranges, kinds[ranges], events_of, steps)
+
+    def stats_of(self, events: list[bytes], cols: EventColumns, live: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(step_num, correlation_id) of each live event as object columns, None where it
+        has none (or one that is not an integer); the stats the columns do not take are
+        decoded by upb."""
+        stats = IntStats(cols, self.wanted)
+        steps, corrs = stats.of("step_num", live), stats.of("correlation_id", live)
+        for j in np.flatnonzero(stats.decode[live]).tolist():
+            st = _stats(XEvent.FromString(events[live[j]]).stats, self.p.names, self.wanted)
+            step, corr = st.get("step_num"), st.get("correlation_id")
+            steps[j] = step if isinstance(step, int) else None
+            corrs[j] = corr if isinstance(corr, int) else None
+        return steps, corrs
+
+    def add_ranges(self, ranges: np.ndarray, kinds: np.ndarray, events_of: _LiveEvents,
+                   steps: np.ndarray) -> None:
+        """Annotations for the steps and other ranges (not instants) among the events."""
+        is_step = kinds == wire._STEP_NAMED
+        step_nums = np.full(len(ranges), None, dtype=object)
+        at_step = ranges[is_step]
+        # a step's number: its step_num stat, else the number in its name
+        by_name = _object_column([c[2] for c in events_of.cats])[events_of.categories[at_step]]
+        step_nums[is_step] = np.where(_present(steps[at_step]), steps[at_step], by_name)
+        annotations = list(map(Annotation, *events_of.columns(ranges),
+                               _RANGE_KIND[is_step.view(np.int8)].tolist(), repeat(False),
+                               step_nums.tolist()))
+        self.reader.profile.annotations.extend(annotations)
+        weak_steps = self.reader.weak_steps
+        for j in np.flatnonzero(kinds == wire._WEAK).tolist():
+            a = annotations[j]
+            weak_steps.setdefault(wire._weak_key(a.name), []).append(a)
 
     def read_upb(self, events: list[bytes]) -> None:
         """Each event decoded by upb (any field order); stats only where ``find`` sees one."""
