@@ -2,7 +2,8 @@
 on every real trace in tests/data and ../shared/fixtures: the same floats, the same orders.
 
 - ``stages.tally_activities`` (class codes, sums by ``np.add.at``) vs ``stages.tally_loop``;
-- ``roofline.kernel_traffic`` (columns) vs the loop it replaced (``_kernel_traffic_loop``, here);
+- ``roofline.kernel_traffic`` (columns, read or the tally's) vs the loop it replaced
+  (``_kernel_traffic_loop``, here);
 - the what-if replay with the tally's class codes vs the replay grouping kernels itself, and
   a remembered run vs the same run on a fresh replay.
 """
@@ -61,14 +62,18 @@ def test_the_tally_in_columns_is_the_loop(traced):
 
 def test_kernel_traffic_in_columns_is_the_loop(traced):
     prof, _, linked = traced
-    report = {"kernels": stages.kernel_table(stages.tally_activities(linked.per_window),
-                                             linked.op_flops).rows}
+    tally = stages.tally_activities(linked.per_window, linked.times)
+    report = {"kernels": stages.kernel_table(tally, linked.op_flops).rows}
     args = (report, prof, linked.per_window, linked.op_flops)
-    fast, loop = roofline.kernel_traffic(*args), _kernel_traffic_loop(*args)
-    assert list(fast) == list(loop)
-    for a, b in zip(fast.values(), loop.values(), strict=True):
-        assert (a.bytes, a.flops, a.covered_us, a.precision, list(a.reasons.items())) == (
-            b.bytes, b.flops, b.covered_us, b.precision, list(b.reasons.items()))
+    loop = _kernel_traffic_loop(*args)
+    # read from the activities, and from the tally's columns of them (build_report's way)
+    assert tally.activities() is not None or not any(linked.per_window)
+    for fast in (roofline.kernel_traffic(*args),
+                 roofline.kernel_traffic(*args, tally.activities())):
+        assert list(fast) == list(loop)
+        for a, b in zip(fast.values(), loop.values(), strict=True):
+            assert (a.bytes, a.flops, a.covered_us, a.precision, list(a.reasons.items())) == (
+                b.bytes, b.flops, b.covered_us, b.precision, list(b.reasons.items()))
 
 
 def test_the_replay_with_the_tallys_classes_and_remembered_runs_is_the_plain_one(traced):

@@ -76,9 +76,12 @@ def compiled_code(profile: Profile, limit: int = 5) -> list[str]:
     """Up to ``limit`` distinct names in the trace that show compiled code runs."""
     found: list[str] = []
     for names, hit in (
-            (columns.values(profile.gpu, "name"), lambda n: n.startswith(COMPILED_KERNEL_PREFIXES)),
-            (columns.values(profile.runtime, "name"), lambda n: n.startswith(GRAPH_LAUNCH_CALLS)),
-            (columns.values(profile.cpu_ops, "name"), lambda n: n.startswith(COMPILED_OP_MARKERS)),
+            (columns.distinct(profile.gpu, "name"),
+             lambda n: n.startswith(COMPILED_KERNEL_PREFIXES)),
+            (columns.distinct(profile.runtime, "name"),
+             lambda n: n.startswith(GRAPH_LAUNCH_CALLS)),
+            (columns.distinct(profile.cpu_ops, "name"),
+             lambda n: n.startswith(COMPILED_OP_MARKERS)),
             ([a.name for a in profile.annotations], lambda n: n.startswith(COMPILED_OP_MARKERS))):
         for name in sorted(set(names)):
             if len(found) >= limit:
@@ -155,9 +158,11 @@ def _launch_tids(profile: Profile) -> set[int]:
 def blocking_copy_correlations(profile: Profile) -> set[int]:
     """Launches of device-to-host copies into pageable memory: the host call returns only
     when the copy (and everything queued before it) is done, as under ``.item()``/``.cpu()``."""
-    return {g.correlation for g in profile.gpu
-            if g.kind != KERNEL and g.correlation is not None and "DtoH" in g.name
-            and "Pageable" in g.name}
+    gpu = profile.gpu  # its columns (the report reads them anyway), not its objects
+    return {c for c, kind, name in zip(columns.values(gpu, "correlation"),
+                                       columns.values(gpu, "kind"),
+                                       columns.values(gpu, "name"), strict=True)
+            if kind != KERNEL and c is not None and "DtoH" in name and "Pageable" in name}
 
 
 def is_sync_call(name: str, correlation: int | None, blocking: set[int]) -> bool:
@@ -207,18 +212,16 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     (all threads when none launches); sync as :func:`is_sync_call` says."""
     n = len(items)
     starts, ends = columns.floats(items, "start_us"), columns.ends(items)
-    names = columns.values(items, "name")
-    verdict = {name: is_host_sync(name) for name in set(names)}
+    verdict = {name: is_host_sync(name) for name in columns.distinct(items, "name")}
     if any(verdict.values()):
-        is_sync = np.fromiter(map(verdict.__getitem__, names), bool, n)
+        is_sync = np.fromiter(map(verdict.__getitem__, columns.values(items, "name")), bool, n)
     else:  # the usual case for ops: no name is a sync, no pass over them
         is_sync = np.zeros(n, dtype=bool)
     if blocking:
         is_sync |= np.fromiter(map(blocking.__contains__, columns.values(items, "correlation")),
                                bool, n)
-    thread = columns.values(items, "tid")
-    if tids and not tids.issuperset(thread):
-        on_host = np.fromiter(map(tids.__contains__, thread), bool, n)
+    if tids and not tids.issuperset(columns.distinct(items, "tid")):
+        on_host = np.fromiter(map(tids.__contains__, columns.values(items, "tid")), bool, n)
     else:  # no launching thread known, or every item on one
         on_host = np.ones(n, dtype=bool)
     sync, other = on_host & is_sync, on_host & ~is_sync

@@ -11,7 +11,6 @@ load imbalance and the distributed recommendations (docs/recommendations.md).
 from __future__ import annotations
 
 import statistics
-from operator import attrgetter
 from typing import Any
 
 from ..model import KERNEL, Profile
@@ -112,7 +111,7 @@ def _has_communication(profile: Profile) -> bool:
             or any(name.startswith(COMM_RANGE_PREFIXES)
                    for name in {a.name for a in profile.annotations if not a.on_gpu})
             # a trace has few distinct op names: judge each once
-            or any(map(is_communication_name, set(map(attrgetter("name"), profile.cpu_ops)))))
+            or any(map(is_communication_name, columns.distinct(profile.cpu_ops, "name"))))
 
 
 def communication_section(profile: Profile, report: dict[str, Any]) -> dict[str, Any] | None:

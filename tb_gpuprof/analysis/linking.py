@@ -125,7 +125,7 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
     that launch nothing are skipped: no launch of theirs needs a context."""
     ops = profile.cpu_ops
     tids = columns.values(ops, "tid")
-    distinct = set(tids)
+    distinct = set(columns.distinct(ops, "tid"))
     # each thread as an int, so threads are told apart in numpy: int ids are their own code
     codes: dict[Any, int] = {t: t for t in distinct}
     if all(type(t) is int and abs(t) < 2**62 for t in distinct):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from math import prod
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -196,9 +196,22 @@ def _no_op_reason(profile: Profile) -> str:
     return "launched outside any recorded op (compiled graph, CUDA graph, raw CUDA)"
 
 
+class Activities(NamedTuple):
+    """The window's activities as the tally made them (stages.Tally.activities), in its
+    order: per activity its row in ``rows`` (the kernel table's rows), its duration, and the
+    op whose FLOPs it shares and the op that launched it (-1: none, or no launch)."""
+
+    rows: list[dict[str, Any]]
+    row: np.ndarray
+    dur: np.ndarray
+    flop_op: np.ndarray
+    launch_op: np.ndarray
+
+
 def kernel_traffic(report: dict[str, Any], profile: Profile,
                    per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
-                   flops_of_ops: Mapping[int, float]) -> dict[str, _Tally]:
+                   flops_of_ops: Mapping[int, float],
+                   activities: Activities | None = None) -> dict[str, _Tally]:
     """Bytes (and elementwise FLOPs) per kernel name, from the ops that launched its runs.
 
     An op's traffic is split over the kernels it launched by their time, as its FLOPs are
@@ -217,19 +230,11 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
     code_of = {k["name"]: i for i, k in enumerate(kernels)}
     is_comm = np.array([k["category"] == "communication" for k in kernels] + [False])
     has_flops = np.array([bool(k["flops"]) for k in kernels] + [False])
-    acts = [a for w in per_window for a, _ in w]
-    ctxs = [c for w in per_window for _, c in w]
-    n = len(acts)
-    code = np.fromiter((code_of.get(a.name, -1) if a.kind == KERNEL else -1 for a in acts),
-                       np.int64, n)
-    dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
-    has_ctx = np.fromiter((c is not None for c in ctxs), bool, n)
-    flop_op = np.fromiter((-1 if c is None or c.flop_op is None else c.flop_op
-                           for c in ctxs), np.int64, n)
-    launch_op = np.fromiter((-1 if c is None or c.launch_op is None else c.launch_op
-                             for c in ctxs), np.int64, n)
+    code, dur, flop_op, launch_op = (_columns(per_window, code_of) if activities is None
+                                     else _tally_columns(activities, code_of))
+    n = len(code)
     math = has_flops[code] & (flop_op >= 0)  # code -1: the False appended
-    op_idx = np.where(math, flop_op, np.where(has_ctx, launch_op, -1))
+    op_idx = np.where(math, flop_op, launch_op)
     reasons = [_COMM, _no_op_reason(profile), _SETUP]
     miss = np.full(n, -1, np.int64)  # the reason each activity misses for, in this first pass
     miss[(op_idx < 0)] = 1
@@ -247,6 +252,34 @@ def kernel_traffic(report: dict[str, Any], profile: Profile,
 
 
 _DUR_US = attrgetter("dur_us")
+_Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _columns(per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
+             code_of: dict[str, int]) -> _Columns:
+    """Per activity its kernel's code in ``code_of`` (-1: not a kernel of the table), its
+    duration, and the op whose FLOPs it shares and the op that launched it (-1: none)."""
+    acts = [a for w in per_window for a, _ in w]
+    ctxs = [c for w in per_window for _, c in w]
+    n = len(acts)
+    code = np.fromiter((code_of.get(a.name, -1) if a.kind == KERNEL else -1 for a in acts),
+                       np.int64, n)
+    dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
+    flop_op = np.fromiter((-1 if c is None or c.flop_op is None else c.flop_op
+                           for c in ctxs), np.int64, n)
+    launch_op = np.fromiter((-1 if c is None or c.launch_op is None else c.launch_op
+                             for c in ctxs), np.int64, n)
+    return code, dur, flop_op, launch_op
+
+
+def _tally_columns(activities: Activities, code_of: dict[str, int]) -> _Columns:
+    """:func:`_columns` from the tally's: a row is made per (kind, name)."""
+    row_code = np.array([code_of.get(r["name"], -1) if r["kind"] == KERNEL else -1
+                         for r in activities.rows] + [-1], np.int64)
+    return (row_code[activities.row], activities.dur, activities.flop_op,
+            activities.launch_op)
+
+
 _COMM = "communication (NCCL) kernel"
 _SETUP = "layout or setup kernel inside a GEMM/conv op (not modelled)"
 
@@ -440,13 +473,15 @@ def _leave_out(left_out: dict[str, list[float]], reason: str, k: dict[str, Any])
 
 def roofline_section(report: dict[str, Any], profile: Profile,
                      per_window: list[list[tuple[GpuActivity, LaunchContext | None]]],
-                     flops_of_ops: Mapping[int, float]) -> dict[str, Any]:
+                     flops_of_ops: Mapping[int, float],
+                     activities: Activities | None = None) -> dict[str, Any]:
     """The report's ``roofline`` section; sets ``pct_of_sol`` on every kernel of the report
-    (``flops_of_ops``: ``Linked.op_flops``)."""
+    (``flops_of_ops``: ``Linked.op_flops``; ``activities``: the tally's columns of
+    ``per_window``, not read again)."""
     gpu_name = (report.get("system") or {}).get("gpu_name")
     row = gpu_peaks(gpu_name)
     ceilings, source = _ceilings(row, gpu_name)
-    tallies = kernel_traffic(report, profile, per_window, flops_of_ops)
+    tallies = kernel_traffic(report, profile, per_window, flops_of_ops, activities)
     plotted: list[dict[str, Any]] = []
     left_out: dict[str, list[float]] = {}  # reason -> [kernels, time]
     kernels_total = 0

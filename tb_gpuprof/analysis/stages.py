@@ -13,8 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter, is_not
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +43,7 @@ from .demangle import demangle
 from .intervals import Coverage, segment_sums
 from .iterations import IterationPlan, IterationWindow, plan_iterations, select_windows
 from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+from .roofline import Activities
 from .savings import finalize, retime
 from .whatif import (
     GPU_BOUND_HOST_SCALE,
@@ -122,6 +122,14 @@ class Tally:
     flop_entries: FlopEntries | None = None
     sim_classes: np.ndarray | None = None  # per sim kernel its tally class (tally_activities)
     times: KernelTimes | None = None  # the activities' times, when assign gave them
+    launch_op: np.ndarray | None = None  # per activity the op that launched it (-1: none)
+
+    def activities(self) -> Activities | None:
+        """The activities' rows, durations and ops, for the roofline (tally_activities)."""
+        e = self.flop_entries
+        if e is None or self.launch_op is None:
+            return None
+        return Activities(e.rows, e.row, e.dur, e.op, self.launch_op)
 
 
 @dataclass(slots=True)
@@ -171,12 +179,12 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     n = len(gpu)
     correlation = columns.values(gpu, "correlation")
     contexts: list[LaunchContext | None] = list(map(launches.get, correlation))  # get(None): None
-    linked = np.fromiter(map(is_not, contexts, repeat(None)), bool, n)
+    linked = np.fromiter([c is not None for c in contexts], bool, n)
     starts = columns.floats(gpu, "start_us")
     launched = starts.copy()  # the launch's time, else the activity's own start
     at = np.flatnonzero(linked)
-    launched[at] = np.fromiter(map(_LAUNCH_US, map(contexts.__getitem__, at.tolist())),
-                               np.float64, len(at))
+    launched[at] = np.fromiter([contexts[i].launch_us for i in at.tolist()], np.float64,
+                               len(at))
     window = _window_of(windows, launched)
     retry = (window < 0) & linked
     window[retry] = _window_of(windows, starts[retry])  # launched outside every window
@@ -201,9 +209,6 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     else:  # NaN or signed zeros: max()/min() order them otherwise than numpy
         align_to_gpu(windows, per_window, [gpu[i] for i in np.flatnonzero(window < 0).tolist()])
     return Linked(launches, op_flops, per_window, host_windows, times)
-
-
-_LAUNCH_US = attrgetter("launch_us")
 
 
 def _window_of(windows: list[IterationWindow], t: np.ndarray) -> np.ndarray:
@@ -373,10 +378,11 @@ def tally_activities(per_window: list[Assigned], times: KernelTimes | None = Non
     if not np.isfinite(dur).all() or np.signbit(dur).any():
         return tally_loop(per_window)
     classes = _Classes()
-    cls_of, flop_op, sim_kernels = classes.assign(per_window)
+    cls_of, flop_op, launch_op, sim_kernels = classes.assign(per_window)
     t = classes.tally(per_window, acts, times.start, dur, np.array(cls_of, np.int64),
                       np.array(flop_op, np.int64), sim_kernels)
     t.sim_classes = np.array(cls_of, np.int64)
+    t.launch_op = np.array(launch_op, np.int64)
     if len(times.launch) == len(acts):
         t.times = times
     return t
@@ -403,12 +409,14 @@ class _Classes:
         self.precisions: dict[str, int] = {}
         self.ops: dict[tuple[int, str], int] = {}  # (row, op name) -> code
 
-    def assign(self, per_window: list[Assigned]) -> tuple[list[int], list[int], list[SimKernel]]:
-        """Each activity's class, the op whose FLOPs it shares (-1: none) and its what-if
-        kernel."""
+    def assign(self, per_window: list[Assigned]
+               ) -> tuple[list[int], list[int], list[int], list[SimKernel]]:
+        """Each activity's class, the op whose FLOPs it shares and the op that launched it
+        (-1: none) and its what-if kernel."""
         index: dict[tuple, int] = {}
         cls_of: list[int] = []
         flop_op: list[int] = []
+        launch_op: list[int] = []
         sim_kernels: list[SimKernel] = []
         sim = self.sim
         for acts in per_window:
@@ -422,14 +430,19 @@ class _Classes:
                 if c is None:
                     c = index[key] = self._new(a, ctx)
                 cls_of.append(c)
+                category, precision, uses_tc, eligible = sim[c]  # (a call with *sim: slower)
                 if ctx is None:
                     flop_op.append(-1)
-                    sim_kernels.append(SimKernel(a, None, *sim[c]))
+                    launch_op.append(-1)
+                    sim_kernels.append(SimKernel(a, None, category, precision, uses_tc,
+                                                 eligible))
                 else:
-                    f = ctx.flop_op
+                    f, op = ctx.flop_op, ctx.launch_op
                     flop_op.append(-1 if f is None else f)
-                    sim_kernels.append(SimKernel(a, ctx.launch_us, *sim[c]))
-        return cls_of, flop_op, sim_kernels
+                    launch_op.append(-1 if op is None else op)
+                    sim_kernels.append(SimKernel(a, ctx.launch_us, category, precision, uses_tc,
+                                                 eligible))
+        return cls_of, flop_op, launch_op, sim_kernels
 
     def _new(self, a: GpuActivity, ctx: LaunchContext | None) -> int:
         key = (a.name, a.kind, a.op_type, a.op, None) if ctx is None else (
@@ -509,16 +522,13 @@ class _Classes:
             k["count"] += c
             k["total_us"] += tot
             k["min_us"], k["max_us"] = min(k["min_us"], lo), max(k["max_us"], hi)
-        for i in np.flatnonzero(np.fromiter(map(bool, map(_BYTES, acts)), bool,
-                                            len(acts))).tolist():
-            k = self.rows[row[i]]
-            k["bytes"] = (k["bytes"] or 0) + acts[i].bytes
+        for i, a in enumerate(acts):
+            if a.bytes:
+                k = self.rows[row[i]]
+                k["bytes"] = (k["bytes"] or 0) + a.bytes
         op_us = _sums(op_code, dur, len(self.ops)).tolist()
         for (at, name), code in self.ops.items():
             self.rows[at]["_ops"][name] = op_us[code]
-
-
-_BYTES = attrgetter("bytes")
 
 
 def _sums(code: np.ndarray, values: np.ndarray, n: int,
@@ -623,9 +633,8 @@ def sync_call_mask(profile: Profile, blocking: set[int]) -> np.ndarray:
     """Per runtime call, whether bottleneck.is_sync_call says it is a synchronization (each
     distinct name judged once); ``blocking``: the blocking copies' correlations."""
     rt = profile.runtime
-    names = columns.values(rt, "name")
-    host_sync = {name: is_host_sync(name) for name in set(names)}
-    is_sync = np.fromiter(map(host_sync.__getitem__, names), bool, len(rt))
+    host_sync = {name: is_host_sync(name) for name in columns.distinct(rt, "name")}
+    is_sync = np.fromiter(map(host_sync.__getitem__, columns.values(rt, "name")), bool, len(rt))
     if blocking:
         is_sync |= np.fromiter(map(blocking.__contains__, columns.values(rt, "correlation")),
                                bool, len(rt))
@@ -637,44 +646,53 @@ def attribute_idle(profile: Profile, windows: list[IterationWindow], tallies: li
     """Each iteration's row (wall, busy, breakdown, idle) and the idle time by host cause;
     ``blocking``: the correlations of blocking copies (``HostTimeline.blocking``)."""
     causes = _idle_coverages(profile, blocking)
-    idle_attr = dict.fromkeys(IDLE_CAUSES, 0.0)
     items: list[dict[str, Any]] = []
+    idles: list[float] = []
     for w, wt in zip(windows, tallies, strict=True):
         # Work launched in this iteration may run past its end (GPU lags the host): its union is
         # the iteration's busy time, and idle is what is left of the wall time.
         busy_all = wt.busy.total()
         idle = max(w.wall_us - busy_all, 0.0)
-        if idle > 0:
-            _charge_idle(wt.busy, w, idle, causes, idle_attr)
+        idles.append(idle)
         items.append({
             "step": w.step, "start_us": round(w.start_us, 3), "wall_ms": round(w.wall_us / 1e3, 4),
             "gpu_busy_ms": round(min(busy_all, w.wall_us) / 1e3, 4),
             "breakdown_ms": {**{k: round(v / 1e3, 4) for k, v in wt.breakdown_us.items()},
                              "idle": round(idle / 1e3, 4)},
         })
-    return IdleStage(items, idle_attr)
+    return IdleStage(items, _charge_idle(windows, tallies, idles, causes))
 
 
-def _charge_idle(busy: Coverage, w: IterationWindow, idle: float,
-                 causes: list[tuple[str, Coverage]], idle_attr: dict[str, float]) -> None:
-    """What was the host doing while the GPU had nothing? Attribute the gaps in priority order,
-    then scale so the attribution sums to this iteration's idle time."""
-    attr = dict.fromkeys(idle_attr, 0.0)
-    # All gaps at once, as the loop over gaps did one by one: each cause takes what it
-    # covers of what is left of a gap; the sums run over the gaps left to right (cumsum).
-    gs, ge = busy.gap_columns(w.start_us, w.end_us)
-    if len(gs):
-        left = ge - gs
-        for name, cov in causes:
-            part = np.minimum(left, cov.overlaps(gs, ge))
-            attr[name] = float(np.cumsum(part)[-1])
-            left = left - part
-        attr["other"] = float(np.cumsum(left)[-1])
-    gap_total = sum(attr.values())
-    for name, v in attr.items():
-        idle_attr[name] += v * idle / gap_total if gap_total > 0 else 0.0
-    if gap_total <= 0:
-        idle_attr["other"] += idle
+def _charge_idle(windows: list[IterationWindow], tallies: list[WindowTally], idles: list[float],
+                 causes: list[tuple[str, Coverage]]) -> dict[str, float]:
+    """What was the host doing while the GPU had nothing? Attribute each iteration's gaps in
+    priority order, then scale so its attribution sums to its idle time.
+
+    All gaps of all idle iterations at once: each cause takes what it covers of what is left
+    of a gap; each iteration's sums run over its gaps left to right (segment_sums), then are
+    added to the totals iteration by iteration, as the loop over iterations did."""
+    idle_attr = dict.fromkeys(IDLE_CAUSES, 0.0)
+    charged = [i for i, idle in enumerate(idles) if idle > 0]
+    gaps = [tallies[i].busy.gap_columns(windows[i].start_us, windows[i].end_us)
+            for i in charged]
+    gap_of = np.repeat(np.arange(len(charged)), [len(gs) for gs, _ in gaps])
+    gs = np.concatenate([gs for gs, _ in gaps] or [np.empty(0)])
+    ge = np.concatenate([ge for _, ge in gaps] or [np.empty(0)])
+    left = ge - gs
+    sums: dict[str, list[float]] = {}
+    for name, cov in causes:
+        part = np.minimum(left, cov.overlaps(gs, ge))
+        sums[name] = segment_sums(part, gap_of, len(charged)).tolist()
+        left = left - part
+    sums["other"] = segment_sums(left, gap_of, len(charged)).tolist()
+    for k, i in enumerate(charged):
+        attr = {name: sums[name][k] for name in IDLE_CAUSES}
+        gap_total = sum(attr.values())
+        for name, v in attr.items():
+            idle_attr[name] += v * idles[i] / gap_total if gap_total > 0 else 0.0
+        if gap_total <= 0:
+            idle_attr["other"] += idles[i]
+    return idle_attr
 
 
 # --- stage 5: sections ------------------------------------------------------------------------
@@ -885,23 +903,23 @@ def _forward_context(section: dict[str, Any], profile: Profile, linked: Linked,
     breaks for torch.compile, rules/trace.py), the input's preparation before it, and on
     ``host`` the prep pieces and the model's spans that the savings' replay reads."""
     host_windows = linked.host_windows or windows
-    fwd = _forward_kernel_launches(profile, linked.launches)
-    inside = _inside_forward(fwd, linked.launches, host_windows)
+    fwd, bwd = _phase_launches(profile, linked.launches)
+    inside = _inside_forward(fwd, bwd, host_windows)
     section["graph_breaks"] = sync_sites(
         profile, linked.launches, windows, host.blocking, inside=inside)
     section["branch_dispatch_ms"] = section["branch_share"] = None
     if section["graph_breaks"]:
-        _branch_regions(section, profile, linked, host_windows, host, fwd, inside)
+        _branch_regions(section, profile, host_windows, host, fwd, bwd, inside)
     section["input_prep_ms"], prep = input_prep(
         host, [(w.start_us, w.end_us) for w in host_windows],
         [_first_in(fwd, w.start_us, w.end_us) for w in host_windows])
     host.prep = Coverage(prep)  # input_pipeline's fix moves it to workers
-    host.model = Coverage(_model_spans(fwd, linked.launches, host_windows))
+    host.model = Coverage(_model_spans(fwd, bwd, host_windows))
 
 
-def _branch_regions(section: dict[str, Any], profile: Profile, linked: Linked,
+def _branch_regions(section: dict[str, Any], profile: Profile,
                     windows: list[IterationWindow], host: HostTimeline, fwd: np.ndarray,
-                    inside: Callable[[float], bool]) -> None:
+                    bwd: np.ndarray, inside: Callable[[float], bool]) -> None:
     """The dispatch that exists because the forward branches on GPU values (in place):
     ``branch_dispatch_ms`` and ``branch_share`` in ``section``, ``host.branches`` and
     ``host.backward`` for the replay (host_sync's fix, analysis/savings.py).
@@ -918,8 +936,6 @@ def _branch_regions(section: dict[str, Any], profile: Profile, linked: Linked,
     starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
     at = np.flatnonzero(sync_call_mask(profile, host.blocking))
     at = at[np.argsort(starts[at], kind="stable")]
-    bwd = np.sort(np.array([c.launch_us for c in linked.launches.values()
-                            if c.phase == BACKWARD], np.float64))
     regions, backward = [], []
     region_us = backward_us = forward_us = 0.0
     for w in windows:
@@ -949,23 +965,27 @@ def _covered(cov: Coverage, lo: float, hi: float) -> float:
     return sum(e - s for s, e in cov.clip(lo, hi)) if hi > lo else 0.0
 
 
-def _forward_kernel_launches(profile: Profile, launches: dict[int, LaunchContext]
-                             ) -> np.ndarray:
-    """Launch times of the kernels (not copies) launched in the forward, ascending."""
+def _phase_launches(profile: Profile, launches: dict[int, LaunchContext]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Launch times, ascending, of the kernels (not copies) launched in the forward and of
+    everything launched in the backward (one pass over the launches)."""
     kernels = {c for c, k in zip(columns.values(profile.gpu, "correlation"),
                                  columns.values(profile.gpu, "kind"), strict=True)
                if k == KERNEL}
-    return np.sort(np.array([c.launch_us for corr, c in launches.items()
-                             if c.phase == FORWARD and corr in kernels], np.float64))
+    fwd, bwd = [], []
+    for corr, c in launches.items():
+        if c.phase == BACKWARD:
+            bwd.append(c.launch_us)
+        elif c.phase == FORWARD and corr in kernels:
+            fwd.append(c.launch_us)
+    return np.sort(np.array(fwd, np.float64)), np.sort(np.array(bwd, np.float64))
 
 
-def _model_spans(fwd: np.ndarray, launches: dict[int, LaunchContext],
-                 windows: list[IterationWindow]) -> list[tuple[float, float]]:
+def _model_spans(fwd: np.ndarray, bwd: np.ndarray, windows: list[IterationWindow]
+                 ) -> list[tuple[float, float]]:
     """Per iteration the host span of the model's forward and backward: from its first
-    forward kernel launch to its last backward launch (its last forward kernel launch when
-    it runs no backward)."""
-    bwd = np.sort(np.array([c.launch_us for c in launches.values() if c.phase == BACKWARD],
-                           np.float64))
+    forward kernel launch (``fwd``) to its last backward launch (``bwd``; its last forward
+    kernel launch when it runs no backward)."""
     spans = []
     for w in windows:
         first = _first_in(fwd, w.start_us, w.end_us)
@@ -983,13 +1003,12 @@ def _first_in(times: np.ndarray, lo: float, hi: float) -> float | None:
     return float(times[at]) if at < len(times) and times[at] < hi else None
 
 
-def _inside_forward(fwd: np.ndarray, launches: dict[int, LaunchContext],
-                    windows: list[IterationWindow]) -> Callable[[float], bool]:
+def _inside_forward(fwd: np.ndarray, bwd: np.ndarray, windows: list[IterationWindow]
+                    ) -> Callable[[float], bool]:
     """Whether a host time lies inside a forward pass: between two forward kernel launches
     (``fwd``) of its iteration, before the iteration's first backward launch (the input's
     copy before the model, a ``loss.item()`` after the step or gradient norms after
-    backward are not)."""
-    bwd = np.sort(np.array([c.launch_us for c in launches.values() if c.phase == BACKWARD]))
+    backward are not). ``bwd``: the backward's launch times, ascending."""
     ws = np.array([w.start_us for w in windows])
     we = np.array([w.end_us for w in windows])
 
@@ -1077,15 +1096,19 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
     blocking = host.blocking
-    pageable_h2d = {g.correlation for g in profile.gpu if g.kind != KERNEL
-                    and g.correlation is not None and "Pageable" in g.name
-                    and ("HtoD" in g.name or "H2D" in g.name)}
+    gpu = profile.gpu  # its name columns, not its objects: the report has them read
+    pageable_h2d = {c for c, kind, name in zip(columns.values(gpu, "correlation"),
+                                               columns.values(gpu, "kind"),
+                                               columns.values(gpu, "name"), strict=True)
+                    if kind != KERNEL and c is not None and "Pageable" in name
+                    and ("HtoD" in name or "H2D" in name)}
     rt = profile.runtime
     starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
     corr = columns.values(rt, "correlation")
     at = np.flatnonzero(sync_call_mask(profile, blocking) & (starts >= lo) & (starts < hi))
     syncs = list(zip(starts[at].tolist(), ends[at].tolist(), strict=True))
-    copying = np.fromiter(map(pageable_h2d.__contains__, corr), bool, len(rt))
+    copying = (np.fromiter(map(pageable_h2d.__contains__, corr), bool, len(rt))
+               if pageable_h2d else np.zeros(len(rt), bool))
     copy_calls = Coverage.of_columns(starts[copying], ends[copying])
     return build_replay(kernels, syncs, data=host.data, sync=host.sync,
                         framework=host.framework, copy_calls=copy_calls, start_us=lo,

@@ -377,8 +377,7 @@ class _EventTable:
         the kernel is a collective, numbered in order of first use (as the loop does)."""
         self.is_sync = index < 0
         at = index[~self.is_sync]
-        comm = np.fromiter((c == "communication" for c in map(_CATEGORY, replay.kernels)),
-                           bool, len(replay.kernels))
+        comm = np.array([k.category == "communication" for k in replay.kernels], bool)
         key = (cols.stream[at] >> 40) * 2 + comm[at]
         keys, first, code = np.unique(key, return_index=True, return_inverse=True)
         rank = np.empty(len(keys), np.int64)
@@ -550,10 +549,8 @@ def build_replay(kernels: list[SimKernel], syncs: list[tuple[float, float]], *,
     return replay
 
 
-_ACT, _LAUNCH_US, _KIND = attrgetter("act"), attrgetter("launch_us"), attrgetter("kind")
+_LAUNCH_US = attrgetter("launch_us")
 _START_US, _DUR_US = attrgetter("start_us"), attrgetter("dur_us")
-_DEVICE, _STREAM = attrgetter("device"), attrgetter("stream")
-_CATEGORY = attrgetter("category")
 
 
 @dataclass(slots=True)
@@ -575,7 +572,7 @@ class _KernelColumns:
         below then decide (their comparisons with NaN are not numpy's). ``times``: the
         start, duration and launch columns when the caller has them."""
         n = len(kernels)
-        acts = list(map(_ACT, kernels))  # map/attrgetter: C loops, no bytecode per kernel
+        acts = [k.act for k in kernels]  # list comprehensions: the fastest reads (columns.py)
         try:
             if times is not None and len(times.start) == n:
                 start, dur, launch, has_launch = times
@@ -585,8 +582,8 @@ class _KernelColumns:
                 start = np.fromiter(map(_START_US, acts), np.float64, n)
                 dur = np.fromiter(map(_DUR_US, acts), np.float64, n)
                 launch = np.array([0.0 if t is None else t for t in launches], np.float64)
-            device = np.fromiter(map(_DEVICE, acts), np.int64, n)
-            stream = np.fromiter(map(_STREAM, acts), np.int64, n)
+            device = np.fromiter([a.device for a in acts], np.int64, n)
+            stream = np.fromiter([a.stream for a in acts], np.int64, n)
         except (TypeError, OverflowError, ValueError):
             return None
         if not (np.isfinite(start).all() and np.isfinite(dur).all()
@@ -595,15 +592,25 @@ class _KernelColumns:
         if n and (device.min() < 0 or device.max() >= 2**20 or stream.min() < 0
                   or stream.max() >= 2**40):
             return None
-        is_kernel = np.array([kind == "kernel" for kind in map(_KIND, acts)], bool)
+        is_kernel = np.array([a.kind == "kernel" for a in acts], bool)
         return cls(start, dur, launch, has_launch, (device << 40) | stream, is_kernel)
 
 
 def _median_latency(gaps: list[float]) -> float:
-    gaps = sorted(g for g in gaps if g >= 0)
-    if not gaps:
+    return _latency_of_sorted(sorted(g for g in gaps if g >= 0))
+
+
+def _latency_of_sorted(gaps: Sequence[float] | np.ndarray) -> float:
+    """The median of the launch gaps (ascending, none negative), within the bounds."""
+    if not len(gaps):
         return 5.0
-    return min(max(gaps[len(gaps) // 2], MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
+    return min(max(float(gaps[len(gaps) // 2]), MIN_LAUNCH_LATENCY_US), MAX_LAUNCH_LATENCY_US)
+
+
+def _sorted_column(values: np.ndarray) -> np.ndarray:
+    """``sorted()`` of a column of finite floats: numpy's stable sort leaves equal values
+    (0.0 and -0.0) in their order, as sorted() does, so the same floats sit at each place."""
+    return np.sort(values, kind="stable")
 
 
 def _launch_latency(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
@@ -628,7 +635,8 @@ def _launch_latency(kernels: Sequence[SimKernel], cols: _KernelColumns | None = 
     values = launch[by_launch]
     first[by_launch[np.r_[True, values[1:] != values[:-1]]] if len(values) else by_launch] = True
     counted = first & (start > free + 1.0)
-    return _median_latency((start[counted] - launch[counted]).tolist())
+    gaps = start[counted] - launch[counted]  # finite: the columns are
+    return _latency_of_sorted(_sorted_column(gaps[gaps >= 0]))
 
 
 def _act_start(k: SimKernel) -> float:
@@ -658,10 +666,15 @@ def _launch_latency_loop(kernels: Sequence[SimKernel]) -> float:
 
 
 def _median_gap(gaps: list[float]) -> float:
+    gaps.sort()
+    return _gap_of_sorted(gaps)
+
+
+def _gap_of_sorted(gaps: Sequence[float] | np.ndarray) -> float:
+    """The median of the queue gaps (ascending), at most MAX_QUEUE_GAP_US; 0.0 for few."""
     if len(gaps) < 16:
         return 0.0
-    gaps.sort()
-    return min(gaps[len(gaps) // 2], MAX_QUEUE_GAP_US)
+    return min(float(gaps[len(gaps) // 2]), MAX_QUEUE_GAP_US)
 
 
 def _queue_gap(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None) -> float:
@@ -681,7 +694,7 @@ def _queue_gap(kernels: Sequence[SimKernel], cols: _KernelColumns | None = None)
     same = stream[1:] == stream[:-1]  # (previous, next) pairs of one stream
     full = same & (launch[1:] < end[:-1] - MIN_LAUNCH_LATENCY_US)
     idle = start[1:][full] - end[:-1][full]
-    return _median_gap(np.where(0.0 > idle, 0.0, idle).tolist())  # max(idle, 0.0)
+    return _gap_of_sorted(_sorted_column(np.where(0.0 > idle, 0.0, idle)))  # max(idle, 0.0)
 
 
 def _queue_gap_loop(kernels: Sequence[SimKernel]) -> float:
