@@ -10,6 +10,11 @@ one plain Struct for every event.
 A batch that decodes is proof that the cut was right; anything unexpected (a compact one-line
 file, a different indentation, odd JSON) falls back to one full decode of the file - slower,
 still correct. Errors name the file and the problem in one line (:class:`TraceReadError`).
+
+A big uncompressed trace is read in two byte ranges at once where a second core is idle: this
+process up to an event gap near the middle, a forked child (readers/forked.py) the rest, which
+sends its model objects back as columns to be appended in file order (_read_in_two). Anything
+that goes wrong there ends in the read in one, so results and errors are the same either way.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import sys
 import threading
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from typing import Any, ClassVar, Union
 
@@ -51,6 +56,7 @@ from ..model import (
     PythonCalls,
     RuntimeCall,
 )
+from . import forked
 
 # Read/decompress granularity; one batch of events is about this big. Small enough that a
 # batch's decoded structs (about its size again) are still in the CPU cache when the model loop
@@ -386,8 +392,15 @@ def read_kineto(path: str | os.PathLike[str], python_calls: bool = True) -> Prof
     """Read a torch.profiler/Kineto Chrome trace: ``.json``/``.json.gz``, object or bare list.
 
     ``python_calls=False``: no ``Profile.python`` (the Timeline's Python rows), which no
-    analysis reads; user-code frames still give the ops their stacks."""
+    analysis reads; user-code frames still give the ops their stacks. A big uncompressed
+    trace is decoded in two byte ranges at once (a forked child takes the second), where
+    that is safe (:func:`forked.can_fork`); the profile is the same either way."""
     path = os.fspath(path)
+    profile = _read_in_two(path, python_calls) if _worth_splitting(path) else None
+    return profile if profile is not None else _read_in_one(path, python_calls)
+
+
+def _read_in_one(path: str, python_calls: bool) -> Profile:
     builder = _ProfileBuilder(path, python_calls)
     try:
         _stream_decode(path, builder)
@@ -426,10 +439,16 @@ def _blocks(path: str) -> Iterator[bytes]:
     return _raw_blocks(path, open)
 
 
-def _raw_blocks(path: str, opener: Any) -> Iterator[bytes]:
+def _raw_blocks(path: str, opener: Any, start: int = 0,
+                stop: int | None = None) -> Iterator[bytes]:
+    """Bytes ``start`` to ``stop`` (None: the end) in blocks; ranges only of a plain file."""
     try:
         with opener(path, "rb") as f:
-            while block := f.read(BLOCK_BYTES):
+            if start:
+                f.seek(start)
+            left = sys.maxsize if stop is None else stop - start
+            while block := f.read(min(BLOCK_BYTES, left)):
+                left -= len(block)
                 yield block
     except EOFError:
         raise TraceReadError(path, "truncated gzip file (compressed stream ends early)") from None
@@ -482,12 +501,20 @@ def _read_ahead(blocks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
 def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
     it = _blocks(path)
     head, is_list, events_at = _find_events(path, it, builder)
+    window = _stream_events(memoryview(head)[events_at - 1 :], it, builder)
+    _decode_tail(path, window.buf[: window.n], is_list, builder)
+
+
+def _stream_events(text: memoryview, blocks: Iterator[bytes],
+                   builder: _ProfileBuilder) -> _Buffer:
+    """Decode the events of ``text`` and ``blocks`` (the byte before the first event, then
+    the rest) up to the last event gap; return the window holding what follows it."""
     # buf[0] is always the byte before the next event: the array's "[" at first, then the ","
     # after the last cut. Overwriting it with "[" and the cut's "," with "]" turns a prefix of
     # the buffer into a JSON array in place, decoded through a memoryview: no copies.
     # The text is buf[:n]; buf itself never changes size (see _Buffer).
-    window = _Buffer(memoryview(head)[events_at - 1 :])
-    del head
+    window = _Buffer(text)
+    del text
     gap: re.Pattern[bytes] | None = None
     decoder = _BatchDecoder()
     while True:
@@ -500,11 +527,10 @@ def _stream_decode(path: str, builder: _ProfileBuilder) -> None:
             gap = _EVENT_GAP  # the events do not all start with the first one's key
         elif window.n > MAX_PENDING_BYTES:
             raise _LayoutMismatch  # no event boundary in 64 MB: not a list of events
-        block = next(it, None)
+        block = next(blocks, None)
         if block is None:
-            break
+            return window
         window.append(block)
-    _decode_tail(path, window.buf[: window.n], is_list, builder)
 
 
 class _Buffer:
@@ -567,7 +593,7 @@ def _find_events(path: str, it: Iterator[bytes],
     raise _LayoutMismatch
 
 
-def _gap_pattern(buf: bytearray, n: int) -> re.Pattern[bytes] | None:
+def _gap_pattern(buf: bytes | bytearray, n: int) -> re.Pattern[bytes] | None:
     """The gap between two events, once the first event's first key is in the buffer.
 
     ``}, {`` alone also occurs between objects nested in an event (and inside strings); a
@@ -716,6 +742,88 @@ def _not_a_trace(path: str, detail: str) -> TraceReadError:
     if detail.startswith("Expected `object | array`"):
         return TraceReadError(path, "JSON but not a Chrome trace: top level is no object or list")
     return TraceReadError(path, f"JSON but not a Kineto trace: {detail}")
+
+
+# --- two byte ranges at once -----------------------------------------------------------------
+
+SPLIT_MIN_BYTES = 32 << 20  # below this a second process saves less than it costs
+SPLIT_AT = 0.55  # the share of the event list this process decodes (it also merges the rest)
+CUT_SEARCH_BYTES = 1 << 20  # how far past the split point an event gap is looked for
+
+
+def _worth_splitting(path: str) -> bool:
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return False  # the read in one names the problem
+    return size >= SPLIT_MIN_BYTES and forked.can_fork() and not _is_gzip(path)
+
+
+def _read_in_two(path: str, python_calls: bool) -> Profile | None:
+    """Decode up to an event gap near the middle here and the rest in a forked child.
+
+    None where there is no such gap or either part fails to decode; the file is then read
+    in one, which also names any problem as it always does. An error of this process's
+    part is raised as is: the read in one would meet it at the same place.
+    """
+    builder = _ProfileBuilder(path, python_calls)
+    blocks = _blocks(path)
+    try:
+        head, is_list, events_at = _find_events(path, blocks, builder)
+    except _LayoutMismatch:
+        return None
+    finally:
+        blocks.close()  # type: ignore[attr-defined]
+    cut = _split_point(path, head, events_at)
+    if cut is None:
+        return None
+    try:
+        with forked.ForkedJob(_read_from, path, cut, is_list, python_calls) as child:
+            # the same blocks as the read in one: the batches and their decoding are too
+            window = _stream_events(memoryview(head)[events_at - 1 :],
+                                    _raw_blocks(path, open, len(head), cut), builder)
+            _decode_to_cut(window, builder)
+            builder.merge(child.results())
+    except (_LayoutMismatch, forked.ChildFailed):
+        return None
+    return builder.finish()
+
+
+def _split_point(path: str, head: bytes, events_at: int) -> int | None:
+    """File offset of a "," between two events about SPLIT_AT into the event list.
+
+    Only a gap followed by the key every event starts with: that cannot lie in a string, and
+    one between objects nested in an event leaves the part before it unbalanced, which its
+    decode (_decode_to_cut) refuses.
+    """
+    gap = _gap_pattern(head[events_at - 1 :], len(head) - events_at + 1)
+    if gap is None or gap is _EVENT_GAP:
+        return None
+    start = max(len(head), events_at + int((os.path.getsize(path) - events_at) * SPLIT_AT))
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read(CUT_SEARCH_BYTES)
+    except OSError:
+        return None
+    m = gap.search(text)
+    return None if m is None else start + text.index(b",", m.start())
+
+
+def _decode_to_cut(window: _Buffer, builder: _ProfileBuilder) -> None:
+    """This process's last events: the window (it ends just before the cut) as one array."""
+    window.append(b"]")
+    window.buf[0] = 0x5B  # "["
+    builder.add_events(_decode_batch(bytes(window.buf[: window.n])))
+
+
+def _read_from(path: str, cut: int, is_list: bool, python_calls: bool) -> Iterator[Any]:
+    """The child's part: the events after the cut and what follows the list, as frames."""
+    builder = _ProfileBuilder(path, python_calls)
+    blocks = _raw_blocks(path, open, cut)
+    window = _stream_events(memoryview(next(blocks, b"")), blocks, builder)
+    _decode_tail(path, window.buf[: window.n], is_list, builder)
+    return builder.export()
 
 
 # --- python stacks ----------------------------------------------------------------------------
@@ -911,6 +1019,12 @@ class _OpName:
         self.shapes: list[Any] = []
         self.type_texts: list[msgspec.Raw] = []
         self.types: list[Any] = []
+
+
+FRAME_ITEMS = 1 << 17  # model objects per exported frame: bounds the columns held at once
+_MODEL_LISTS = {"cpu_ops": CpuOp, "gpu": GpuActivity, "runtime": RuntimeCall,
+                "annotations": Annotation}  # Profile's lists of objects, by attribute
+_REST = "rest"  # the last frame: everything but those lists
 
 
 class _ProfileBuilder:
@@ -1213,6 +1327,65 @@ class _ProfileBuilder:
         if a.stream is not None:
             return a.stream
         return ev.tid if type(ev.tid) is int else 0
+
+    # --- a trace read in two processes (_read_in_two) ---
+
+    def export(self) -> Iterator[tuple[str, Any]]:
+        """What this builder holds, as picklable frames for :meth:`merge` in another process:
+        each model list as columns (a column pickles a repeated name or shape once), at most
+        FRAME_ITEMS objects a frame, then everything else."""
+        p = self.profile
+        for kind, cls in _MODEL_LISTS.items():
+            items = getattr(p, kind)
+            for i in range(0, len(items), FRAME_ITEMS):
+                chunk = items[i : i + FRAME_ITEMS]
+                yield kind, [list(map(attrgetter(f), chunk)) for f in cls.__struct_fields__]
+        m, py = self.memory.series, self.python.calls
+        yield _REST, (p.metadata, p.devices, self._thread_names, self._events,
+                      self.stacks.frames, [getattr(m, f) for f in MemoryEvents.__slots__],
+                      (py.start, py.dur, py.tid, py.name))
+
+    def merge(self, frames: Iterable[tuple[str, Any]]) -> None:
+        """Go on as if this builder had read the events that gave ``frames`` (:meth:`export`)
+        itself: after its own, in file order."""
+        p = self.profile
+        for kind, payload in frames:
+            if kind == _REST:
+                self._merge_rest(*payload)
+            else:
+                getattr(p, kind).extend(self._objects(_MODEL_LISTS[kind], payload))
+
+    def _objects(self, cls: Any, columns: list[list[Any]]) -> list[Any]:
+        # Names and kinds interned (the kinds are then model's constants again) and thread,
+        # device and stream ids shared, as the read in one shares them: unpickled, a string
+        # is a new object in each frame and an int one in each place
+        shared = {v: v for v in self._threads.values()}
+        for i, field in enumerate(cls.__struct_fields__):
+            if field in ("name", "kind"):
+                columns[i] = list(map(sys.intern, columns[i]))
+            elif field in ("tid", "device", "stream"):
+                columns[i] = list(map(shared.setdefault, columns[i], columns[i]))
+        return list(map(cls, *columns))
+
+    def _merge_rest(self, metadata: dict[str, Any], devices: list[DeviceInfo],
+                    thread_names: dict[str, str], events: int,
+                    frames: dict[Any, list[tuple[float, float, str]]],
+                    memory: list[array], python: tuple[array, array, array, list[str]]) -> None:
+        self.profile.metadata.update(metadata)  # later values win, as in file order
+        self.profile.devices.extend(devices)
+        self._thread_names.update(thread_names)
+        self._events += events
+        for tid, spans in frames.items():
+            self.stacks.frames.setdefault(tid, []).extend(
+                (start, end, sys.intern(name)) for start, end, name in spans)
+        m = self.memory.series
+        for field, column in zip(MemoryEvents.__slots__, memory, strict=True):
+            getattr(m, field).extend(column)
+        py = self.python.calls
+        py.start.extend(python[0])
+        py.dur.extend(python[1])
+        py.tid.extend(python[2])
+        py.name.extend(map(sys.intern, python[3]))
 
     def finish(self) -> Profile:
         p = self.profile
