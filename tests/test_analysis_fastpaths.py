@@ -169,3 +169,19 @@ def _kernel_traffic_loop(report, profile, per_window, flops_of_ops):
             t.covered_us += dur
             t.precision = t.precision or precision
     return tallies
+
+
+def test_host_annotations_in_columns_are_the_loop(traced):
+    """The bottleneck's data/sync/framework spans, split in columns, are the per-annotation
+    loop's (each (name, kind) judged by _annotation_class), in order, on every trace."""
+    from tb_gpuprof.analysis.bottleneck import _annotation_class, _annotation_spans
+
+    prof = traced[0]
+    want: list[list[tuple[float, float]]] = [[], [], []]
+    for a in prof.annotations:
+        c = _annotation_class(a.name, a.kind)
+        if not a.on_gpu and c < 3:
+            want[c].append((a.start_us, a.start_us + a.dur_us))
+    got = [list(zip(s.tolist(), e.tolist(), strict=True))
+           for s, e in _annotation_spans(prof.annotations)]
+    assert got == want

@@ -172,24 +172,28 @@ def is_sync_call(name: str, correlation: int | None, blocking: set[int]) -> bool
 def host_timeline(profile: Profile) -> HostTimeline:
     tids = _launch_tids(profile)
     blocking = blocking_copy_correlations(profile)
-    data: Intervals = []
-    sync: Intervals = []
-    framework: Intervals = []
-    classes: dict[tuple[str, str], int] = {}  # (name, kind) -> 0 data, 1 sync, 2 framework, 3 -
-    for a in profile.annotations:
-        if a.on_gpu:
-            continue
-        key = (a.name, a.kind)
-        c = classes.get(key)
-        if c is None:
-            c = classes[key] = _annotation_class(a.name, a.kind)
-        if c < 3:
-            (data, sync, framework)[c].append((a.start_us, a.start_us + a.dur_us))
+    data, sync, framework = _annotation_spans(profile.annotations)
     # Ops and runtime calls are most of the trace: columns, and each distinct name judged once.
     op_sync, op_other = _split_spans(profile.cpu_ops, tids, set())
     rt_sync, rt_other = _split_spans(profile.runtime, tids, blocking)
-    return HostTimeline(Coverage(data), _union(sync, op_sync, rt_sync),
+    return HostTimeline(Coverage.of_columns(*data), _union(sync, op_sync, rt_sync),
                         _union(framework, op_other, rt_other), blocking)
+
+
+def _annotation_spans(annotations: Sequence[Any]) -> tuple[_Spans, _Spans, _Spans]:
+    """(data fetch, sync, framework) [start, end) columns of the host annotations, each
+    distinct (name, kind) judged once (an XPlane holds ~100k TraceMe ranges of a few names)."""
+    n = len(annotations)
+    names, kinds = columns.values(annotations, "name"), columns.values(annotations, "kind")
+    classes = {key: _annotation_class(*key) for key in set(zip(names, kinds, strict=True))}
+    cls = np.fromiter(map(classes.__getitem__, zip(names, kinds, strict=True)), np.int8, n)
+    cls[np.fromiter(columns.values(annotations, "on_gpu"), bool, n)] = 3
+    starts, ends = columns.floats(annotations, "start_us"), columns.ends(annotations)
+    spans = []
+    for c in range(3):
+        pick = cls == c
+        spans.append((starts[pick], ends[pick]))
+    return spans[0], spans[1], spans[2]
 
 
 _Spans = tuple[np.ndarray, np.ndarray]
@@ -230,9 +234,9 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
     return (starts[sync], ends[sync]), (starts[other], ends[other])
 
 
-def _union(pairs: Intervals, *spans: _Spans) -> Coverage:
-    starts = np.concatenate([np.array([s for s, _ in pairs], np.float64), *(s for s, _ in spans)])
-    ends = np.concatenate([np.array([e for _, e in pairs], np.float64), *(e for _, e in spans)])
+def _union(*spans: _Spans) -> Coverage:
+    starts = np.concatenate([s for s, _ in spans])
+    ends = np.concatenate([e for _, e in spans])
     return Coverage.of_arrays(starts, ends)
 
 

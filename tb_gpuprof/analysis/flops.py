@@ -9,6 +9,7 @@ carry none), so the math ops that dominate training are counted from ``Input Dim
 from __future__ import annotations
 
 import ast
+import functools
 from math import prod
 from typing import Any
 
@@ -22,16 +23,25 @@ _CONV_ARGS = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
+def _literal(text: str) -> Any:
+    """``text`` parsed as a Python literal, lists as tuples (the result is shared), or None.
+    Cached: a trace repeats the same few argument strings in every iteration, and parsing
+    each anew cost a third of the report's time on a 130 MB trace."""
+    try:
+        vals = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return tuple(vals) if isinstance(vals, list) else vals
+
+
 def _ints(text: Any, n: int) -> list[int] | None:
     if isinstance(text, list):
         vals = text
     else:
         if not isinstance(text, str) or not text:
             return None
-        try:
-            vals = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return None
+        vals = _literal(text)
     if isinstance(vals, int):
         return [vals] * n
     if isinstance(vals, (list, tuple)) and all(isinstance(v, int) for v in vals):

@@ -62,6 +62,7 @@ def link_launches(profile: Profile, is_eligible
     in_optimizer: dict[int, int] = {}  # correlation -> the optimizer-step range around it
     fold = _StackFold(profile, is_eligible)
     correlation = columns.values(profile.runtime, "correlation")
+    opens_optimizer = [fold.opens_optimizer(a) for a in fold.host_ann]
     for starts, kinds, indices, ends in _sweeps(profile, fold.host_ann):
         # Each entry carries the fold of the stack up to it, made when it is pushed, so a
         # launch reads its context off the top. The bottom entry never pops (NaN <= x is
@@ -82,8 +83,9 @@ def link_launches(profile: Profile, is_eligible
                 stack.append([end, acc, flops, idx])
                 top_end = end
                 continue
-            if kind == _ANNOTATION:
-                acc = fold.push_annotation(acc, idx)
+            if kind == _ANNOTATION:  # fold.push_annotation, inlined (XPlane: ~100k a trace)
+                if acc[7] is None and opens_optimizer[idx]:
+                    acc = (*acc[:7], idx, *acc[8:])
                 stack.append([end, acc, None, idx])
                 top_end = end
                 continue
@@ -228,9 +230,14 @@ class _StackFold:
             bool(self.is_eligible(name)), not name.startswith(_WRAPPER_PREFIXES))
         return props
 
+    @staticmethod
+    def opens_optimizer(a: Annotation) -> bool:
+        """Whether annotation ``a`` is an optimizer step: pushed on a stack outside any other,
+        the fold's optimizer range becomes its index."""
+        return a.kind == OPTIMIZER or a.name.startswith("Optimizer.")
+
     def push_annotation(self, acc: tuple, j: int) -> tuple:
-        a = self.host_ann[j]
-        if acc[7] is None and (a.kind == OPTIMIZER or a.name.startswith("Optimizer.")):
+        if acc[7] is None and self.opens_optimizer(self.host_ann[j]):
             return (*acc[:7], j, *acc[8:])
         return acc
 

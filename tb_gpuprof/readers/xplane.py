@@ -696,7 +696,7 @@ class _Reader:
 
     def finish(self) -> None:
         prof = self.profile
-        has_steps = any(a.kind == STEP for a in prof.annotations)
+        has_steps = STEP in map(_KIND, prof.annotations)  # a C loop: ~300k annotations
         if not has_steps:
             for key in WEAK_STEP_NAMES:
                 if key in self.weak_steps:
@@ -716,6 +716,7 @@ class _Reader:
 
 
 _START = operator.attrgetter("start_us")
+_KIND = operator.attrgetter("kind")
 
 
 def _op_span(name: str, display: str, st: dict[str, Any], start: float,
