@@ -48,9 +48,9 @@ def _lazy_link(profile: Profile, is_eligible) -> tuple[dict, dict]:
     fold = _LazyFold(profile, is_eligible)
     fold.lazy_flops = {}
     correlation = [c.correlation for c in profile.runtime]
-    for starts, kinds, indices, ends in linking._sweeps(profile, fold.host_ann):
+    for swept in linking._sweeps(profile, fold.host_ann):
         stack: list[list] = []
-        for start, kind, idx, end in zip(starts, kinds, indices, ends, strict=True):
+        for start, kind, idx, end in linking._as_python(swept):
             while stack and stack[-1][0] <= start:
                 stack.pop()
             if kind != linking._LAUNCH:
@@ -135,3 +135,19 @@ def test_eager_fold_is_the_lazy_one_on_random_nestings(nan):
         launched += len(eager)
         flopped += len(flops)
     assert launched > 1000 and flopped > 100  # the cases reached launches under FLOP ops
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_sweep_in_small_chunks_links_as_in_one(seed, monkeypatch):
+    """The sweep turns its columns into Python values a chunk at a time (memory on big
+    traces); the stack carried across chunk boundaries must link every launch the same."""
+    profile = _random_profile(random.Random(seed), nan=False)
+    with column_scope():
+        whole, whole_flops = linking.link_launches(profile, is_tc_eligible_op)
+    monkeypatch.setattr(linking, "SWEEP_CHUNK", 3)
+    with column_scope():
+        chunked, chunked_flops = linking.link_launches(profile, is_tc_eligible_op)
+    assert repr([(c, msgspec.structs.astuple(x)) for c, x in chunked.items()]) == \
+        repr([(c, msgspec.structs.astuple(x)) for c, x in whole.items()])
+    assert chunked_flops == whole_flops
+    assert whole or not profile.cpu_ops

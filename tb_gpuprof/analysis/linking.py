@@ -63,14 +63,14 @@ def link_launches(profile: Profile, is_eligible
     fold = _StackFold(profile, is_eligible)
     correlation = columns.values(profile.runtime, "correlation")
     opens_optimizer = [fold.opens_optimizer(a) for a in fold.host_ann]
-    for starts, kinds, indices, ends in _sweeps(profile, fold.host_ann):
+    for swept in _sweeps(profile, fold.host_ann):
         # Each entry carries the fold of the stack up to it, made when it is pushed, so a
         # launch reads its context off the top. The bottom entry never pops (NaN <= x is
         # false); an op's FLOPs count once some launch ran under it (``recorded``: the
         # entries below that depth did).
         stack: list[list] = [[_NAN, _EMPTY, None, 0]]  # [end, fold, FLOPs, op index]
         top_end, acc, recorded = _NAN, _EMPTY, 1
-        for start, kind, idx, end in zip(starts, kinds, indices, ends, strict=True):
+        for start, kind, idx, end in _as_python(swept):
             if top_end <= start:
                 stack.pop()
                 while stack[-1][0] <= start:
@@ -121,7 +121,7 @@ _START, _DUR, _TID = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("t
 
 
 def _sweeps(profile: Profile, host_ann: list[Annotation]
-            ) -> Iterator[tuple[list[float], list[int], list[int], list[float]]]:
+            ) -> Iterator[tuple[np.ndarray, ...]]:
     """Per launching thread: its ops, the host annotations and its correlated launches as
     (start, kind, index, end) columns, ordered by (start, -duration, kind, index). Threads
     that launch nothing are skipped: no launch of theirs needs a context."""
@@ -154,7 +154,18 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
         order = _sweep_order(starts, durs, kinds, index)
         swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
-        yield tuple(c.tolist() for c in swept)
+        yield swept
+
+
+SWEEP_CHUNK = 1 << 18  # events turned into Python objects at a time (a 2 GB trace: 3.4 M)
+
+
+def _as_python(columns_: tuple[np.ndarray, ...]) -> Iterator[tuple[Any, ...]]:
+    """The rows of the sweep's columns as Python values, converted a chunk at a time: the
+    whole sweep as lists held ~370 MB at once on a 2 GB trace, the report's peak."""
+    n = len(columns_[0])
+    for at in range(0, n, SWEEP_CHUNK):
+        yield from zip(*(c[at:at + SWEEP_CHUNK].tolist() for c in columns_), strict=True)
 
 
 def _launches_by_thread(rt: list[RuntimeCall]) -> dict[Any, np.ndarray]:
@@ -217,6 +228,17 @@ class _StackFold:
         self.is_eligible = is_eligible
         self.names: dict[str, tuple[bool, bool, bool]] = {}  # backward, eligible, shown
         self.flops: dict[int, float] = {}  # op index -> its FLOPs, for ops a launch ran under
+        self._flops_memo: dict[tuple[str, int, int], tuple[Any, Any, float | None]] = {}
+
+    def _shape_flops(self, op: CpuOp) -> float | None:
+        """op_flops of an op without recorded FLOPs, once per (name, shapes, concrete inputs)
+        objects: the readers share equal argument lists, so a 2 GB trace's 219k math ops are
+        a few hundred distinct ones. The memo holds the objects, so their ids stay theirs."""
+        key = (op.name, id(op.input_shapes), id(op.concrete_inputs))
+        hit = self._flops_memo.get(key)
+        if hit is None:
+            hit = self._flops_memo[key] = (op.input_shapes, op.concrete_inputs, op_flops(op))
+        return hit[2]
 
     def record(self, stack: list[list], start: int) -> None:
         """The FLOPs of the ops in ``stack[start:]``, now that a launch ran under them."""
@@ -248,7 +270,13 @@ class _StackFold:
         name = op.name
         is_backward, is_elig, shown = self.names.get(name) or self._name(name)
         # op_flops counts FLOPs from shapes only for a few op names: skip the call for the rest
-        flops = op_flops(op) if op.flops or name in SHAPE_COUNTED_OPS else None
+        flops: float | None
+        if op.flops:
+            flops = op.flops
+        elif name in SHAPE_COUNTED_OPS:
+            flops = self._shape_flops(op)
+        else:
+            flops = None
         if flops:
             flop_op = j  # the innermost op with FLOPs wins
         if shown:
