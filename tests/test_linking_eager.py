@@ -27,6 +27,11 @@ TRACES = sorted([*ROOT.glob("data/**/*.json.gz"), *ROOT.glob("data/**/*.pb"),
 class _LazyFold(linking._StackFold):
     """The fold before perf10: entries keep [end, kind, index, fold or None]."""
 
+    def push_annotation(self, acc: tuple, j: int) -> tuple:
+        if acc[7] is None and self.opens_optimizer(self.host_ann[j]):
+            return (*acc[:7], j, *acc[8:])
+        return acc
+
     def summary(self, stack: list[list]) -> tuple:
         low = len(stack) - 1
         while low >= 0 and stack[low][3] is None:

@@ -155,14 +155,22 @@ def _launch_tids(profile: Profile) -> set[int]:
     return {t for t, n in counts.items() if n >= 0.01 * total}
 
 
-def blocking_copy_correlations(profile: Profile) -> set[int]:
-    """Launches of device-to-host copies into pageable memory: the host call returns only
-    when the copy (and everything queued before it) is done, as under ``.item()``/``.cpu()``."""
-    gpu = profile.gpu  # its columns (the report reads them anyway), not its objects
+def pageable_copy_correlations(profile: Profile, *directions: str) -> set[int]:
+    """Correlations of the copies (not kernels) to or from pageable memory whose name holds
+    one of ``directions`` ("DtoH", "HtoD", ...), read off the GPU list's columns (the report
+    reads them anyway), not its objects."""
+    gpu = profile.gpu
     return {c for c, kind, name in zip(columns.values(gpu, "correlation"),
                                        columns.values(gpu, "kind"),
                                        columns.values(gpu, "name"), strict=True)
-            if kind != KERNEL and c is not None and "DtoH" in name and "Pageable" in name}
+            if kind != KERNEL and c is not None and "Pageable" in name
+            and any(d in name for d in directions)}
+
+
+def blocking_copy_correlations(profile: Profile) -> set[int]:
+    """Launches of device-to-host copies into pageable memory: the host call returns only
+    when the copy (and everything queued before it) is done, as under ``.item()``/``.cpu()``."""
+    return pageable_copy_correlations(profile, "DtoH")
 
 
 def is_sync_call(name: str, correlation: int | None, blocking: set[int]) -> bool:
@@ -189,11 +197,9 @@ def _annotation_spans(annotations: Sequence[Any]) -> tuple[_Spans, _Spans, _Span
     cls = np.fromiter(map(classes.__getitem__, zip(names, kinds, strict=True)), np.int8, n)
     cls[np.fromiter(columns.values(annotations, "on_gpu"), bool, n)] = 3
     starts, ends = columns.floats(annotations, "start_us"), columns.ends(annotations)
-    spans = []
-    for c in range(3):
-        pick = cls == c
-        spans.append((starts[pick], ends[pick]))
-    return spans[0], spans[1], spans[2]
+    data, sync, framework = cls == 0, cls == 1, cls == 2
+    return ((starts[data], ends[data]), (starts[sync], ends[sync]),
+            (starts[framework], ends[framework]))
 
 
 _Spans = tuple[np.ndarray, np.ndarray]

@@ -83,7 +83,7 @@ def link_launches(profile: Profile, is_eligible
                 stack.append([end, acc, flops, idx])
                 top_end = end
                 continue
-            if kind == _ANNOTATION:  # fold.push_annotation, inlined (XPlane: ~100k a trace)
+            if kind == _ANNOTATION:  # an optimizer step opens its range (XPlane: ~100k)
                 if acc[7] is None and opens_optimizer[idx]:
                     acc = (*acc[:7], idx, *acc[8:])
                 stack.append([end, acc, None, idx])
@@ -257,11 +257,6 @@ class _StackFold:
         """Whether annotation ``a`` is an optimizer step: pushed on a stack outside any other,
         the fold's optimizer range becomes its index."""
         return a.kind == OPTIMIZER or a.name.startswith("Optimizer.")
-
-    def push_annotation(self, acc: tuple, j: int) -> tuple:
-        if acc[7] is None and self.opens_optimizer(self.host_ann[j]):
-            return (*acc[:7], j, *acc[8:])
-        return acc
 
     def push_op(self, acc: tuple, j: int) -> tuple[tuple, float | None]:
         """The fold with op ``j`` on top, and the op's FLOPs."""

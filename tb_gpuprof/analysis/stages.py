@@ -30,6 +30,7 @@ from .bottleneck import (
     gpu_intervals,
     input_prep,
     is_host_sync,
+    pageable_copy_correlations,
     window_shares,
 )
 from .classify import (
@@ -1096,12 +1097,7 @@ def window_replay(profile: Profile, kernels: list[SimKernel], host: HostTimeline
         return None
     lo, hi = windows[0].start_us, windows[-1].end_us
     blocking = host.blocking
-    gpu = profile.gpu  # its name columns, not its objects: the report has them read
-    pageable_h2d = {c for c, kind, name in zip(columns.values(gpu, "correlation"),
-                                               columns.values(gpu, "kind"),
-                                               columns.values(gpu, "name"), strict=True)
-                    if kind != KERNEL and c is not None and "Pageable" in name
-                    and ("HtoD" in name or "H2D" in name)}
+    pageable_h2d = pageable_copy_correlations(profile, "HtoD", "H2D")
     rt = profile.runtime
     starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
     corr = columns.values(rt, "correlation")
