@@ -243,7 +243,7 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
     t0 = time.perf_counter()
     its = 0
     with GpuProfiler(run, iter_start=10, iter_stop=12, model=model, optimizer=opt,
-                     verify=list(fixes(case)), verify_max_s=max_s,
+                     verify=list(fixes(case)) if max_s > 0 else False, verify_max_s=max(max_s, 1.0),
                      verify_compile=case in COMPILE_CASES) as prof:
         while its < 6000:
             step(model, opt)
@@ -251,8 +251,8 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
             its += 1
             if its == 13:
                 prof.wait()
-            if prof._verify_state == "done":
-                break
+            if prof._verify_state == "done" or (max_s <= 0 and its > 13):
+                break  # verified, or (--max-s 0) the window recorded and reported
         after_ms = []
         for _ in range(3 if smoke else 30):  # training goes on: the hook's own timing
             t = time.perf_counter()
@@ -261,8 +261,9 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
             after_ms.append((time.perf_counter() - t) * 1e3)
     report = prof.report or {}
     # the run (trace, stored report, context) as one file: --reanalyze re-predicts from it
-    shutil.make_archive(run, "gztar", os.path.dirname(run), os.path.basename(run))
-    shutil.rmtree(run, ignore_errors=True)
+    if os.path.isdir(run):
+        shutil.make_archive(run, "gztar", os.path.dirname(run), os.path.basename(run))
+        shutil.rmtree(run, ignore_errors=True)
     return {"iterations": its, "seconds": time.perf_counter() - t0,
             "verification": report.get("verification"),
             "recommendations": [{k: r.get(k) for k in (
@@ -285,7 +286,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--max-s", type=float, default=200.0, help="verify_max_s per case")
+    ap.add_argument("--max-s", type=float, default=200.0, help="verify_max_s per case; 0: "
+                    "record the window and its report only (no verification, no fresh runs)")
     ap.add_argument("--compile", default="", help="cases that also verify torch.compile "
                     "(verify_compile=True; the compile time is the trial's own cost)")
     ap.add_argument("--variant", help=argparse.SUPPRESS)
@@ -310,7 +312,7 @@ def main() -> int:
         res["verify"] = _child(["--out", args.out, "--verify-case", case,
                                 "--max-s", str(args.max_s), *smoke],
                                args.max_s + (500 if case in COMPILE_CASES else 200))
-        for variant in fresh_variants(case, res["verify"]):
+        for variant in fresh_variants(case, res["verify"]) if args.max_s > 0 else ():
             res["fresh"][variant] = _child(["--out", args.out, "--variant",
                                             f"{case}:{variant}", *smoke], 300)
         res["seconds"] = time.perf_counter() - t
