@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .capture import torch_env as _torch_env
+from .capture import torch_memory
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
 from .store import layout
@@ -88,13 +89,16 @@ class GpuProfiler(HookCore):
             Timeline's Python rows; costs more).
         record_memory: record the allocator's allocations and frees in the window
             (``torch.profiler``'s ``profile_memory``), for the report's ``memory`` section and
-            the dashboard's Memory view.
+            the dashboard's Memory view; with it, at the window's stop, the addresses and
+            sizes of ``model``'s parameters and gradients and ``optimizer``'s state, and the
+            CUDA allocator's fragmentation, for the memory peak's parts.
         record_shapes: record operator input shapes in the window.
         with_flops: estimate FLOPs of matmul/conv operators in the window.
         key: name of a range (``record_function``/NVTX) that marks one iteration in the
             window's trace, DLProf's ``--key_node``; default: the hook's own ProfilerStep#N.
         model: the ``nn.Module`` being trained (optional). Lets the hook read channels_last
-            and torch.compile reliably.
+            and torch.compile reliably, and name the parameters and gradients at the memory
+            peak.
         model_hooks: with ``model``: a forward pre-hook marks the batch as in hand (data
             wait, when :meth:`wrap` is not used) and reads autocast inside the forward.
         nvtx: push an NVTX range "iteration N" per iteration (Nsight Systems).
@@ -113,8 +117,9 @@ class GpuProfiler(HookCore):
         peak_tflops: the GPU's dense BF16 peak TFLOP/s for MFU, instead of the built-in table.
         extra_flags: more flags for the report's ``system.flags`` (framework adapters record
             their own settings there, e.g. the Hugging Face Trainer's ``fp16``/``bf16``).
-        optimizer: the optimizer being stepped (optional): verification moves its state with
-            the parameters' memory format (channels_last).
+        optimizer: the optimizer being stepped (optional): the memory peak's optimizer state
+            is its state tensors, exactly; verification moves its state with the parameters'
+            memory format (channels_last).
         verify: after the window's report, measure its fixes inside this training loop
             (docs/verify.md): ``True`` for the top fixes, or a list of fix ids (``"tf32"``,
             ``"amp"``, ``"channels_last"``, ``"compile"``); each is switched on and off in
@@ -226,6 +231,8 @@ class GpuProfiler(HookCore):
                     "cuda_profiler_api": cuda and bool(w["cuda_profiler_api"]),
                     "window": self.iter_start is not None,
                     "model_hooks": self.model is not None and bool(w["model_hooks"]),
+                    "memory_parts": self.record_memory and self.iter_start is not None and (
+                        cuda or self.model is not None or self.optimizer is not None),
                     "nvml": cuda if w["nvml"] is None else bool(w["nvml"])}
         self._guard("event writer", self._open_writer)
         per_rank = self.distributed["world_size"] > 1 and self._device is not None
@@ -521,9 +528,11 @@ class GpuProfiler(HookCore):
         env = _torch_env.record_env(torch, model=self.model, convs=convs,
                                     autocast=self._autocast, device=self._device)
         self.env = env
+        tensors = self._guard("memory_parts", torch_memory.record_tensors, torch, self.model,
+                              self.optimizer, self._device, when="memory_parts")
         raw = self._export_window(win, stop - 1)
         self._analysis = threading.Thread(target=self._analyze, name="tb_gpuprof-window",
-                                          args=(raw, stop - 1, env, window))
+                                          args=(raw, stop - 1, env, window, tensors))
         self._analysis.start()
 
     def _export_window(self, win: TorchProfilerWindow, step: int) -> str:
@@ -555,7 +564,7 @@ class GpuProfiler(HookCore):
             self._fail("window", exc)
 
     def _analyze(self, raw: str, step: int, env: dict[str, Any],
-                 window: tuple[float, float]) -> None:
+                 window: tuple[float, float], tensors: dict[str, Any] | None) -> None:
         """Analysis thread: NVML telemetry, then the rest in a low-priority child process
         (HookCore); the exported trace's temporary folder goes afterwards."""
         t0 = time.perf_counter()
@@ -567,7 +576,8 @@ class GpuProfiler(HookCore):
                 no_gpu_warning="tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
                 "probably in use by another tool (Nsight Systems/Compute, another profiler, "
                 "JAX); the report covers CPU operators only",
-                stored_name=os.path.basename(raw) + ".gz", gzip_raw=True)
+                stored_name=os.path.basename(raw) + ".gz", gzip_raw=True,
+                memory_record=tensors)
         except Exception as e:
             self._fail("window", f"analysis failed: {e}")
         finally:

@@ -35,6 +35,8 @@ class AnalysisContext(msgspec.Struct, kw_only=True, omit_defaults=True):
     topology: dict[str, Any] | None = None
     # what verify= measured in the running loop after the window (schema.Verification)
     verification: dict[str, Any] | None = None
+    # the model's and optimizer's tensors at the window's stop (memory_parts.TensorRecord)
+    memory_record: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return msgspec.to_builtins(self)
@@ -54,7 +56,7 @@ def build_report_in_context(profile: Profile, context: AnalysisContext) -> dict[
     report = build_report(profile, key=context.key, iter_start=context.iter_start,
                           iter_stop=context.iter_stop, env=context.env,
                           telemetry=context.telemetry, peak_tflops=context.peak_tflops,
-                          topology=context.topology)
+                          topology=context.topology, memory_record=context.memory_record)
     if context.verification:
         attach_verification(report, context.verification)
     return report

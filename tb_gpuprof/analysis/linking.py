@@ -27,6 +27,12 @@ _WRAPPER_PREFIXES = ("autograd::", "Optimizer.", "ProfilerStep", "enumerate(Data
                      "cudaLaunch", "cuLaunch")
 
 
+def is_backward_op(name: str) -> bool:
+    """An autograd node's op (``autograd::engine::evaluate_function: MmBackward0`` and the
+    node itself): work under one is the backward pass's."""
+    return name.startswith("autograd::engine::evaluate_function") or "Backward" in name
+
+
 class LaunchContext(msgspec.Struct, gc=False):
     """What launched one kernel. A msgspec Struct outside the cycle collector (one per launch,
     no reference cycles): tens of thousands of tracked objects made every full collection
@@ -248,8 +254,8 @@ class _StackFold:
 
     def _name(self, name: str) -> tuple[bool, bool, bool]:
         props = self.names[name] = (
-            name.startswith("autograd::engine::evaluate_function") or "Backward" in name,
-            bool(self.is_eligible(name)), not name.startswith(_WRAPPER_PREFIXES))
+            is_backward_op(name), bool(self.is_eligible(name)),
+            not name.startswith(_WRAPPER_PREFIXES))
         return props
 
     @staticmethod

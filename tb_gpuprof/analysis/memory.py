@@ -10,6 +10,8 @@ MemoryEvents`), the analyzed iterations and the NVML window summary. Per device:
   charged to the CPU op that made it: the innermost op enclosing the event on its thread,
   moving out past allocation primitives (``aten::empty`` under ``aten::ones`` is the
   ``aten::ones``'s memory), grouped by op and source line;
+* the peak decomposed into parameters, gradients, optimizer state, activations, temporaries
+  and what predates the window, with the reserve's fragmentation (analysis/memory_parts.py);
 * per-iteration peaks. The per-iteration peaks of the whole run are the hook's always-on
   scalars (``SCALAR_TAGS``); the view reads them from the run.
 
@@ -19,12 +21,21 @@ A trace without allocator events gets ``recorded: false`` and a note saying how 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..model import CpuOp, MemoryEvents, Profile
 from ..store.layout import MEMORY_ALLOCATED_PEAK_TAG, MEMORY_RESERVED_PEAK_TAG  # names only
 from .iterations import IterationWindow
+from .memory_parts import (
+    PeakAt,
+    TensorRecord,
+    TrainingPhases,
+    peak_parts,
+    tensor_record,
+    training_phases,
+)
 
 MAX_POINTS = 2000
 MAX_HOLDERS = 12
@@ -39,13 +50,24 @@ NOT_RECORDED = ("this trace holds no allocator events. The PyTorch hook records 
                 "(GpuProfiler(..., record_memory=True)); with torch.profiler directly, pass "
                 "profile_memory=True. XPlane (TensorFlow/JAX) and Nsight Systems traces carry "
                 "none")
-_CUDA = 1  # c10::DeviceType::CUDA
+_CPU, _CUDA = 0, 1  # c10::DeviceType
+
+
+@dataclass(slots=True)
+class _PartsInput:
+    """What the peak's decomposition reads beside the events."""
+    record: TensorRecord | None
+    phases: TrainingPhases
+    nvml: dict[str, Any] | None  # the one GPU NVML sampled, else None (which GPU is whose?)
 
 
 def memory_section(profile: Profile, windows: Sequence[IterationWindow],
-                   telemetry: dict[str, Any] | None) -> dict[str, Any]:
+                   telemetry: dict[str, Any] | None,
+                   memory_record: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``memory`` section (docs/report-schema.md#memory); ``windows``: the analyzed
-    iterations' host-side bounds (an allocation happens on the host, when the op runs)."""
+    iterations' host-side bounds (an allocation happens on the host, when the op runs);
+    ``memory_record``: the hook's record of the model's and optimizer's tensors
+    (memory_parts.TensorRecord)."""
     t0 = windows[0].start_us
     section: dict[str, Any] = {"recorded": False, "note": NOT_RECORDED, "t0_us": round(t0, 3),
                                "devices": [], "nvml": _nvml(telemetry),
@@ -59,7 +81,10 @@ def memory_section(profile: Profile, windows: Sequence[IterationWindow],
     # GPUs first: on a GPU run the host allocations are the smaller story
     order = sorted(by_device, key=lambda k: (k[0] != _CUDA, k[1], k[0]))
     ops = _OpFinder(profile.cpu_ops)
-    devices = [_device(mem, by_device[k], k, windows, ops) for k in order]
+    nvml = section["nvml"]
+    parts = _PartsInput(tensor_record(memory_record), training_phases(profile),
+                        nvml[0] if nvml is not None and len(nvml) == 1 else None)
+    devices = [_device(mem, by_device[k], k, windows, ops, parts) for k in order]
     section["devices"] = [d for d in devices if d is not None]
     if section["devices"]:
         section["recorded"], section["note"] = True, None
@@ -73,7 +98,8 @@ def _device_name(device_type: int, device_id: int) -> str:
 
 
 def _device(mem: MemoryEvents, idx: list[int], key: tuple[int, int],
-            windows: Sequence[IterationWindow], ops: _OpFinder) -> dict[str, Any] | None:
+            windows: Sequence[IterationWindow], ops: _OpFinder,
+            parts: _PartsInput) -> dict[str, Any] | None:
     lo, hi = windows[0].start_us, windows[-1].end_us
     ts = [mem.ts[i] for i in idx]
     a, b = bisect.bisect_left(ts, lo), bisect.bisect_right(ts, hi)
@@ -85,23 +111,32 @@ def _device(mem: MemoryEvents, idx: list[int], key: tuple[int, int],
     reserved = [mem.reserved[i] for i in inside]
     # the CPU allocator reports a reserve of 0 throughout: no reserve to show
     has_reserved = any(r > 0 for r in reserved) or (key[0] == _CUDA and min(reserved) >= 0)
-    holders, tracked = _holders(mem, idx[: idx.index(peak_i) + 1], ops)
+    pos = idx.index(peak_i)
+    live = live_allocations(mem, idx[: pos + 1])
+    holders = group_by_op(mem, live.values(), ops)
+    tracked = sum(mem.nbytes[i] for i in live.values())
     allocated_at_peak = mem.allocated[peak_i]
+    at = PeakAt(mem, idx, pos, live, _device_name(*key), counts_earlier=key[0] != _CPU,
+                reserved=mem.reserved[peak_i] if has_reserved else None,
+                max_reserved=max(reserved) if has_reserved else None)
     return {
-        "device": _device_name(*key),
+        "device": at.device,
         "events": len(inside),
         "series": _series(mem, inside, lo, hi, has_reserved),
         "peak": {"allocated_bytes": allocated_at_peak,
-                 "reserved_bytes": mem.reserved[peak_i] if has_reserved else None,
+                 "reserved_bytes": at.reserved,
                  "t_ms": round((peak_t - lo) / 1e3, 4),
                  "step": next((w.step for w in windows if w.start_us <= peak_t <= w.end_us),
                               None)},
-        "max_reserved_bytes": max(reserved) if has_reserved else None,
+        "max_reserved_bytes": at.max_reserved,
         "holders": holders[:MAX_HOLDERS],
         "holders_total": len(holders),
         # live at the peak but allocated before the profiler recorded (weights, optimizer
         # state, the data already on the device)
         "held_before_window_bytes": max(allocated_at_peak - tracked, 0),
+        "peak_parts": peak_parts(at, parts.record, parts.phases,
+                                 lambda events: group_by_op(mem, events, ops),
+                                 parts.nvml if key[0] == _CUDA else None),
         "iterations": _per_iteration(mem, idx, ts, windows, has_reserved),
     }
 
@@ -135,21 +170,24 @@ def _series(mem: MemoryEvents, inside: list[int], lo: float, hi: float,
             "downsampled_from": len(inside)}
 
 
-def _holders(mem: MemoryEvents, upto_peak: list[int],
-             ops: _OpFinder) -> tuple[list[dict[str, Any]], int]:
-    """Allocations live at the peak grouped by the op (and source line) that made them,
-    largest first, and their total."""
-    live: dict[int, int] = {}  # address -> event index of its allocation
-    for i in upto_peak:
+def live_allocations(mem: MemoryEvents, upto: Iterable[int]) -> dict[int, int]:
+    """The allocations live after the events ``upto`` (in time order): address -> the event
+    index of its allocation."""
+    live: dict[int, int] = {}
+    for i in upto:
         if mem.nbytes[i] > 0:
             live[mem.addr[i]] = i
         elif mem.nbytes[i] < 0:
             live.pop(mem.addr[i], None)
+    return live
+
+
+def group_by_op(mem: MemoryEvents, allocations: Iterable[int],
+                ops: _OpFinder) -> list[dict[str, Any]]:
+    """Allocation events grouped by the op (and source line) that made them, largest
+    first."""
     groups: dict[tuple[str, str | None], dict[str, Any]] = {}
-    tracked = 0
-    for i in live.values():
-        size = mem.nbytes[i]
-        tracked += size
+    for i in allocations:
         op = ops.owner(mem.tid[i], mem.ts[i])
         name = op.name if op is not None else "(outside any operator)"
         stack = op.stack if op is not None else None
@@ -158,9 +196,9 @@ def _holders(mem: MemoryEvents, upto_peak: list[int],
         if g is None:
             g = groups[key] = {"op": name, "source": key[1], "stack": stack, "bytes": 0,
                                "allocations": 0}
-        g["bytes"] += size
+        g["bytes"] += mem.nbytes[i]
         g["allocations"] += 1
-    return sorted(groups.values(), key=lambda g: (-g["bytes"], g["op"])), tracked
+    return sorted(groups.values(), key=lambda g: (-g["bytes"], g["op"]))
 
 
 def _per_iteration(mem: MemoryEvents, idx: list[int], ts: list[float],

@@ -45,17 +45,20 @@ def build_report(profile: Profile, *, iter_start: int | None = None, iter_stop: 
                  key: str | None = None, env: dict[str, Any] | None = None,
                  telemetry: dict[str, Any] | None = None,
                  peak_tflops: float | None = None,
-                 topology: dict[str, Any] | None = None) -> dict[str, Any]:
+                 topology: dict[str, Any] | None = None,
+                 memory_record: dict[str, Any] | None = None) -> dict[str, Any]:
     """Analyze ``profile`` and return the JSON-able report (docs/report-schema.md).
 
     ``peak_tflops`` overrides the peak table's dense TFLOP/s for MFU (analysis/throughput.py).
     ``topology`` (tb_gpuprof.nvml.topology's dict, which a hook records) lets the
-    ``gpu_placement`` rule judge the job's GPUs.
+    ``gpu_placement`` rule judge the job's GPUs. ``memory_record`` (the PyTorch hook's record
+    of the model's and optimizer's tensors, analysis/memory_parts.py) names the parameters
+    and optimizer state in the memory peak's decomposition.
     """
     # the stages share the event lists' columns (analysis/columns.py)
     with column_scope(), _collector_paused():
         return _build(profile, iter_start, iter_stop, key, env, telemetry, peak_tflops,
-                      topology)
+                      topology, memory_record)
 
 
 @contextmanager
@@ -75,7 +78,8 @@ def _collector_paused() -> Iterator[None]:
 
 def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key: str | None,
            env: dict[str, Any] | None, telemetry: dict[str, Any] | None,
-           peak_tflops: float | None, topology: dict[str, Any] | None) -> dict[str, Any]:
+           peak_tflops: float | None, topology: dict[str, Any] | None,
+           memory_record: dict[str, Any] | None) -> dict[str, Any]:
     env = dict(env or {})
     unprofiled = env.pop("unprofiled", None)
     sel = select_iterations(profile, key, iter_start, iter_stop)
@@ -94,7 +98,7 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
                        telemetry)
     report["distributed"] = communication_section(profile, report)
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
-    report["memory"] = memory_section(profile, linked.host_windows, telemetry)
+    report["memory"] = memory_section(profile, linked.host_windows, telemetry, memory_record)
     report["roofline"] = roofline_section(report, profile, linked.per_window, linked.op_flops,
                                           tally.activities())
     report["recommendations"] = recommend(report, topology=topology)

@@ -419,6 +419,58 @@ class MemoryHolder(_Section, kw_only=True):
     allocations: int
 
 
+class MemoryPartHolder(_Section, kw_only=True):
+    """What holds a part's bytes: a module (recorded parameters, gradients, optimizer state)
+    or the op that allocated them (at one source line when stacks were recorded)."""
+    module: str | None
+    op: str | None
+    source: str | None
+    bytes: int
+    allocations: int
+
+
+class MemoryPart(_Section, kw_only=True):
+    part: Literal["parameters", "gradients", "optimizer_state", "activations", "temporaries",
+                  "before_window"]
+    bytes: int | None  # its share of the allocated bytes at the peak; None: not recorded
+    tensor_bytes: int | None  # parameters, optimizer state: sum of numel * element size
+    allocations: int
+    holders: list[MemoryPartHolder]
+    holders_total: int
+
+
+class MemoryAllocatorStop(_Section, kw_only=True):
+    """The CUDA caching allocator at the window's stop (torch.cuda.memory_stats/snapshot)."""
+    reserved_bytes: int | None
+    allocated_bytes: int | None
+    inactive_split_bytes: int | None
+    largest_free_block_bytes: int | None
+
+
+class MemoryFragmentation(_Section, kw_only=True):
+    bytes: int  # reserved but not allocated at the peak
+    at_stop: MemoryAllocatorStop | None
+
+
+class MemoryOutsidePytorch(_Section, kw_only=True):
+    bytes: int  # nvml_used_bytes - reserved_bytes
+    nvml_used_bytes: int
+    reserved_bytes: int
+    scope: Literal["process", "device"]
+
+
+class MemoryPeakParts(_Section, kw_only=True):
+    """The peak decomposed (analysis/memory_parts.py)."""
+    allocated_bytes: int
+    parts: list[MemoryPart]
+    uncounted_bytes: int  # in the parts but not in allocated_bytes (the CPU allocator's)
+    sum_matches_allocated: bool
+    tensors_recorded: list[str]
+    backward_passes: int
+    fragmentation: MemoryFragmentation | None
+    outside_pytorch: MemoryOutsidePytorch | None
+
+
 class MemoryIteration(_Section, kw_only=True):
     step: int | None
     allocated_bytes: int
@@ -435,6 +487,7 @@ class MemoryDevice(_Section, kw_only=True):
     holders_total: int
     held_before_window_bytes: int
     iterations: list[MemoryIteration]
+    peak_parts: MemoryPeakParts | Later = UNSET
 
 
 class MemoryNvml(_Section, kw_only=True):

@@ -302,10 +302,12 @@ class HookCore:
 
     def _analyze_in_child(self, raw: str, env: dict[str, Any], t0: float, t1: float,
                           step: int, *, gpu_expected: bool, no_gpu_warning: str,
-                          stored_name: str, gzip_raw: bool) -> None:
+                          stored_name: str, gzip_raw: bool,
+                          memory_record: dict[str, Any] | None = None) -> None:
         """Analysis thread: NVML telemetry here, then the child process stores the raw
         profile and builds the report (off this process's GIL); the report comes back and is
-        written into this process's events file."""
+        written into this process's events file. ``memory_record``: the model's and
+        optimizer's tensors at the window's stop, for the memory peak's parts."""
         started = time.perf_counter()
         telemetry = self._guard("nvml", self._window_telemetry, t0, t1, when="nvml")
         telemetry_s = time.perf_counter() - started
@@ -315,7 +317,7 @@ class HookCore:
         job = WindowJob(trace=raw, key=self.key, env=env, telemetry=telemetry,
                         peak_tflops=self.peak_tflops, topology=topology,
                         gpu_expected=gpu_expected, no_gpu_warning=no_gpu_warning,
-                        store=None if self._writer is None else
+                        memory_record=memory_record, store=None if self._writer is None else
                         StoreSpec(run_dir=self.run_dir, step=step, rank=self.rank,
                                   name=stored_name, gzip=gzip_raw))
         child_started = time.perf_counter()

@@ -42,6 +42,7 @@ class WindowJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     gpu_expected: bool = False  # warn (no_gpu_warning) when the profile holds no GPU work
     no_gpu_warning: str = ""
     store: StoreSpec | None = None
+    memory_record: dict[str, Any] | None = None  # capture/torch_memory.py's record
 
 
 class WindowResult(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -116,7 +117,8 @@ def job_context(job: WindowJob) -> AnalysisContext:
     from ..analysis.context import AnalysisContext
 
     return AnalysisContext(key=job.key, env=job.env, telemetry=job.telemetry,
-                           peak_tflops=job.peak_tflops, topology=job.topology)
+                           peak_tflops=job.peak_tflops, topology=job.topology,
+                           memory_record=job.memory_record)
 
 
 def _store_context(job: WindowJob, context: AnalysisContext) -> None:
