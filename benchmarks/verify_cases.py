@@ -265,11 +265,32 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
         shutil.make_archive(run, "gztar", os.path.dirname(run), os.path.basename(run))
         shutil.rmtree(run, ignore_errors=True)
     return {"iterations": its, "seconds": time.perf_counter() - t0,
+            "memory_truth": _memory_truth(model, opt), "memory_peak_parts": [
+                d.get("peak_parts") for d in (report.get("memory") or {}).get("devices", [])],
             "verification": report.get("verification"),
             "recommendations": [{k: r.get(k) for k in (
                 "id", "estimated_saving_pct", "estimated_saving_ms", "predicted_iteration_ms",
                 "estimated_range_pct", "estimate_basis", "verified")}
                                 for r in report.get("recommendations") or []]}
+
+
+def _memory_truth(model: Any, opt: Any) -> dict[str, Any]:
+    """What the memory peak's parts must match (issue 40): the parameters' and optimizer
+    state's bytes, and the allocator's own figures now (after training went on)."""
+    import torch
+
+    state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    truth: dict[str, Any] = {
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+        "optimizer_state_bytes": sum(t.numel() * t.element_size() for t in state),
+        "optimizer_state_cuda_bytes": sum(t.numel() * t.element_size() for t in state
+                                          if t.is_cuda)}
+    if torch.cuda.is_available():
+        stats = torch.cuda.memory_stats()
+        truth.update({k: stats.get(k) for k in (
+            "allocated_bytes.all.current", "reserved_bytes.all.current",
+            "allocated_bytes.all.peak", "inactive_split_bytes.all.current")})
+    return truth
 
 
 def _child(args: list[str], timeout: float) -> dict[str, Any]:
