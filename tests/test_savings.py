@@ -228,3 +228,55 @@ def test_launch_latency_and_queue_gap_in_columns_equal_the_loops():
         kernels[0].act.start_us = float("nan")
         assert whatif._KernelColumns.of(kernels) is None
     assert len({lat for lat, _ in seen}) > 10 and len({gap for _, gap in seen}) > 10
+
+
+def _back_pressured_loop(n: int = 40, gemm_us: float = 1000.0, launch_us: float = 5.0):
+    """A GPU-bound loop whose host filled the launch queue (4 launches deep): from the 5th
+    launch on, each launch call waits until the GPU finishes the kernel 4 places before it,
+    so the host's framework time spans the whole GPU time."""
+    from tb_gpuprof.model import Profile, RuntimeCall
+
+    calls, kernels, t = [], [], 0.0
+    for i in range(n):
+        start = t
+        free_at = 100.0 + gemm_us * (i - 3) if i >= 4 else start  # queue slot frees
+        end = max(start + launch_us, free_at)
+        calls.append(RuntimeCall("cudaLaunchKernel", start, end - start, correlation=i))
+        kernels.append(gemm(start, 100.0 + gemm_us * i, gemm_us))
+        t = end + 1.0
+    prof = Profile(source="synthetic", format="kineto", runtime=calls)
+    return prof, kernels, t
+
+
+def test_launches_waiting_on_a_full_queue_are_not_host_work():
+    from tb_gpuprof.analysis.stages import blocked_launches
+
+    prof, ks, host_end = _back_pressured_loop()
+    end = 100.0 + 1000.0 * len(ks)
+    starts, ends = blocked_launches(prof, 0.0, end)
+    assert len(starts) == len(ks) - 4  # every launch after the queue filled waited
+    assert (starts - [c.start_us for c in prof.runtime[4:]] == 5.0).all()  # past the median
+    framework = [(0.0, host_end)]
+    as_work = build_replay(ks, [], data=Coverage([]), sync=Coverage([]),
+                           framework=Coverage(framework), copy_calls=Coverage([]),
+                           start_us=0.0, end_us=end, glue_max_us=100.0)
+    as_wait = build_replay(ks, [], data=Coverage([]),
+                           sync=Coverage(list(zip(starts.tolist(), ends.tolist(), strict=True))),
+                           framework=Coverage(framework), copy_calls=Coverage([]),
+                           start_us=0.0, end_us=end, glue_max_us=100.0)
+    measured = end / 1000
+    # counted as host work, the wait caps TF32 at the old GPU time; as a wait, the GEMMs'
+    # speed-up comes through (the host's own work is 40 launches of 5 us)
+    assert predicted_ms(as_work, fix_tf32(0), measured, 1.0) > 0.9 * measured
+    assert predicted_ms(as_wait, fix_tf32(0), measured, 1.0) == pytest.approx(
+        (100 + 1000.0 * len(ks) / TF32) / 1000, rel=0.05)
+
+
+def test_a_window_without_long_launches_has_no_blocked_spans():
+    from tb_gpuprof.analysis.stages import blocked_launches
+    from tb_gpuprof.model import Profile, RuntimeCall
+
+    calls = [RuntimeCall("cudaLaunchKernel", 10.0 * i, 6.0) for i in range(50)]
+    calls.append(RuntimeCall("cudaDeviceSynchronize", 600.0, 5000.0))  # a sync, not a launch
+    starts, _ = blocked_launches(Profile(source="s", format="kineto", runtime=calls), 0.0, 1e4)
+    assert len(starts) == 0
