@@ -160,6 +160,14 @@ export interface Memory {
   t0_us: number;
 }
 
+/** The CUDA caching allocator at the window's stop (torch.cuda.memory_stats/snapshot). */
+export interface MemoryAllocatorStop {
+  allocated_bytes: number | null;
+  inactive_split_bytes: number | null;
+  largest_free_block_bytes: number | null;
+  reserved_bytes: number | null;
+}
+
 export interface MemoryDevice {
   device: string;
   events: number;
@@ -169,7 +177,13 @@ export interface MemoryDevice {
   iterations: MemoryIteration[];
   max_reserved_bytes: number | null;
   peak: MemoryPeak;
+  peak_parts?: MemoryPeakParts;
   series: MemorySeries;
+}
+
+export interface MemoryFragmentation {
+  at_stop: MemoryAllocatorStop | null;
+  bytes: number;
 }
 
 /** Allocations live at the peak made by one op (at one source line when stacks were recorded). */
@@ -196,11 +210,48 @@ export interface MemoryNvml {
   used_mib_mean: number | null;
 }
 
+export interface MemoryOutsidePytorch {
+  bytes: number;
+  nvml_used_bytes: number;
+  reserved_bytes: number;
+  scope: "device" | "process";
+}
+
+export interface MemoryPart {
+  allocations: number;
+  bytes: number | null;
+  holders: MemoryPartHolder[];
+  holders_total: number;
+  part: "activations" | "before_window" | "gradients" | "optimizer_state" | "parameters" | "temporaries";
+  tensor_bytes: number | null;
+}
+
+/** What holds a part's bytes: a module (recorded parameters, gradients, optimizer state) or the op that allocated them (at one source line when stacks were recorded). */
+export interface MemoryPartHolder {
+  allocations: number;
+  bytes: number;
+  module: string | null;
+  op: string | null;
+  source: string | null;
+}
+
 export interface MemoryPeak {
   allocated_bytes: number;
   reserved_bytes: number | null;
   step: number | null;
   t_ms: number;
+}
+
+/** The peak decomposed (analysis/memory_parts.py). */
+export interface MemoryPeakParts {
+  allocated_bytes: number;
+  backward_passes: number;
+  fragmentation: MemoryFragmentation | null;
+  outside_pytorch: MemoryOutsidePytorch | null;
+  parts: MemoryPart[];
+  sum_matches_allocated: boolean;
+  tensors_recorded: string[];
+  uncounted_bytes: number;
 }
 
 /** Allocator totals after each kept event, ms from ``Memory.t0_us``. */
