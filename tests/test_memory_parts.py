@@ -119,6 +119,25 @@ def test_activations_are_there_and_grow_with_the_batch(runs) -> None:
                for h in large["holders"]), large["holders"]
 
 
+def test_the_text_report_lists_each_part_with_its_bytes_and_share(runs) -> None:
+    from tb_gpuprof.analysis.format import render
+
+    trained = runs[BATCH]
+    text = render(trained.report, "text")
+    block = text[text.index("Memory at the peak on"):].split("\n\n")[0].splitlines()
+    peak = trained.device["peak"]["allocated_bytes"]
+    assert f"{peak / 2**20:,.1f} MiB allocated" in block[0]
+    rows = {line[2:19].strip(): line[19:] for line in block[1:]}
+    whole = trained.device["peak_parts"]["allocated_bytes"] + \
+        trained.device["peak_parts"]["uncounted_bytes"]
+    for name, part in trained.parts.items():
+        row = rows[name.replace("_", " ")]
+        assert f"{part['bytes'] / 2**20:,.1f} MiB" in row
+        assert f"{100 * part['bytes'] / whole:5.1f}%" in row
+    assert f"{trained.param_bytes / 2**20:,.1f} MiB" in rows["parameters"]
+    assert rows["parameters"].split("largest: ")[1] in trained.modules
+
+
 def test_a_trace_read_on_its_own_has_the_events_parts_only(runs) -> None:
     r = runs[BATCH]
     pp = build_report(load_profile(r.trace_path))["memory"]["devices"][0]["peak_parts"]

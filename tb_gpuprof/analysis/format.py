@@ -169,6 +169,7 @@ def _text(report: dict[str, Any], top: int) -> str:
                 add(f"     {fw + ':':<9}{first}")
                 for line in rest:
                     add(f"              {line}")
+    _memory_lines(report.get("memory"), add)
     _verification_lines(report.get("verification"), add)
     for w in report.get("warnings") or []:
         add(f"warning: {w}")
@@ -178,6 +179,51 @@ def _text(report: dict[str, Any], top: int) -> str:
 def _predicted(rec: dict[str, Any]) -> str:
     pct = rec.get("estimated_saving_pct")
     return f"{pct:.0f}%" if pct is not None else "not estimated"
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _memory_lines(section: dict[str, Any] | None, add: Callable[[str], None]) -> None:
+    """Each device's peak: the allocator's bytes then, what held them (docs/report-schema.md
+    #memory), fragmentation and memory outside PyTorch."""
+    if not section or not section.get("recorded"):
+        return
+    devices = section.get("devices") or []
+    gpus = [d for d in devices if not str(d["device"]).startswith("cpu")]
+    for dev in gpus or devices:  # on a GPU run the host's allocations are the smaller story
+        peak = dev["peak"]
+        add("")
+        add(f"Memory at the peak on {dev['device']}: {_mib(peak['allocated_bytes'])} allocated"
+            + (f", {_mib(peak['reserved_bytes'])} reserved"
+               if peak.get("reserved_bytes") is not None else "")
+            + (f" (step {peak['step']})" if peak.get("step") is not None else ""))
+        parts = dev.get("peak_parts")
+        if parts:
+            _part_lines(parts, add)
+
+
+def _part_lines(parts: dict[str, Any], add: Callable[[str], None]) -> None:
+    whole = (parts["allocated_bytes"] + parts.get("uncounted_bytes", 0)) or 1
+    for part in parts["parts"]:
+        name = part["part"].replace("_", " ")
+        if part["bytes"] is None:
+            add(f"  {name:<17} not recorded (pass model= and optimizer= to the hook)")
+            continue
+        top = (part.get("holders") or [{}])[0]
+        where = top.get("module") or top.get("op")
+        add(f"  {name:<17} {_mib(part['bytes']):>14} {100 * part['bytes'] / whole:5.1f}%"
+            + (f"  largest: {where}" if where else ""))
+    frag, outside = parts.get("fragmentation"), parts.get("outside_pytorch")
+    if frag:
+        largest = (frag.get("at_stop") or {}).get("largest_free_block_bytes")
+        add(f"  {'not allocated':<17} {_mib(frag['bytes']):>14} reserved but free"
+            + (f"; largest free block at the window's stop {_mib(largest)}"
+               if largest is not None else ""))
+    if outside:
+        add(f"  {'outside PyTorch':<17} {_mib(outside['bytes']):>14} NVML "
+            f"{outside['scope']} use minus the allocator's reserve")
 
 
 def _verification_lines(section: dict[str, Any] | None, add: Callable[[str], None]) -> None:
