@@ -394,3 +394,30 @@ def test_the_record_survives_the_analysis_context() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _parts(_one_iteration(), stored["memory_record"])["sum_matches_allocated"]
+
+
+def test_batch_headroom_scales_what_grows_with_the_batch_into_what_is_left() -> None:
+    from tb_gpuprof.analysis.memory_parts import batch_headroom
+
+    gib = 2**30
+    sizes = {"parameters": 2, "gradients": 0, "optimizer_state": 4, "activations": 10,
+             "temporaries": 2, "before_window": 2}
+    device = {"peak": {"allocated_bytes": 20 * gib, "reserved_bytes": 22 * gib},
+              "peak_parts": {"allocated_bytes": 20 * gib, "backward_passes": 1,
+                             "parts": [{"part": k, "bytes": v * gib} for k, v in sizes.items()],
+                             "outside_pytorch": {"bytes": 1 * gib}}}
+    # 99 GiB not held outside PyTorch, 20/22 of it allocatable; 8 GiB fixed, 12 GiB per batch
+    assert batch_headroom(device, 100 * gib) == pytest.approx((99 * 20 / 22 - 8) / 12)
+    device["peak_parts"]["backward_passes"] = 0  # activations cannot be told from the rest
+    assert batch_headroom(device, 100 * gib) is None
+
+
+def test_batch_headroom_about_halves_when_the_batch_doubles(runs) -> None:
+    from tb_gpuprof.analysis.memory_parts import batch_headroom
+
+    total = 2**30  # a 1 GiB device: far more than the fixed parts, so the ratio is the batch's
+    small, large = (batch_headroom(runs[b].device, total) for b in (BATCH, 2 * BATCH))
+    assert small is not None and large is not None
+    # the activations double; the temporaries live at the peak depend on where in the
+    # iteration it falls (on this CPU loop: 256 KiB at one batch, 1 MiB at the other)
+    assert 1.6 <= small / large <= 3.0

@@ -69,3 +69,29 @@ def test_gpu_placement_fires_end_to_end_for_a_hook_run(tmp_path, four_gpu_host) 
     assert placement, rec_ids(rep)
     assert placement[0]["evidence"]["job_gpus"] == [1, 2]
     assert "CUDA_VISIBLE_DEVICES=0,1" in placement[0]["fix"]["pytorch"]
+
+
+def test_batch_size_advice_says_how_many_times_the_batch_fits() -> None:
+    from tb_gpuprof.analysis.memory_parts import batch_headroom
+    from tb_gpuprof.analysis.rules.trace import rule_batch_size
+
+    gib = 2**30
+    sizes = {"parameters": 1, "gradients": 0, "optimizer_state": 2, "activations": 3,
+             "temporaries": 1, "before_window": 0}
+    device = {"device": "cuda:0", "peak": {"allocated_bytes": 7 * gib, "reserved_bytes": 7 * gib},
+              "peak_parts": {"allocated_bytes": 7 * gib, "backward_passes": 1,
+                             "parts": [{"part": k, "bytes": v * gib} for k, v in sizes.items()],
+                             "outside_pytorch": None}}
+    report = {"bottleneck": {"corrected_ms": {"gpu": 3.0, "dispatch": 7.0}},
+              "system": {"memory_peak_bytes": 7 * gib, "gpu_memory_bytes": 80 * gib},
+              "breakdown": {"gpu_busy_us": 1.0, "wall_us": 1.0}, "kernels": [],
+              "iterations": {"count": 1, "mean_ms": 10.0},
+              "memory": {"devices": [{"device": "cpu", "peak": {}}, device]}}
+    rec = rule_batch_size(report)
+    assert rec is not None
+    fits = batch_headroom(device, 80 * gib)
+    assert fits is not None and rec["evidence"]["batch_fits_times"] == round(fits, 2)
+    assert f"about {fits:.1f}x the current batch fits" in rec["problem"]
+    device["peak_parts"]["backward_passes"] = 0
+    rec = rule_batch_size(report)
+    assert rec is not None and "batch_fits_times" not in rec["evidence"]

@@ -399,3 +399,26 @@ def _outside_pytorch(at: PeakAt, nvml: dict[str, Any] | None) -> dict[str, Any] 
         else at.reserved
     return {"bytes": used - reserved, "nvml_used_bytes": used, "reserved_bytes": reserved,
             "scope": scope}
+
+
+def batch_headroom(device: dict[str, Any], total_bytes: int | None) -> float | None:
+    """How many times the current batch would fit on the device, from the peak's parts
+    (``device``: a ``memory.devices`` entry): activations and temporaries grow with the batch,
+    parameters, gradients, optimizer state and what predates the window do not. The device's
+    memory outside PyTorch stays taken, and the allocator keeps its share of reserved but
+    unallocated memory (fragmentation) at the larger batch too. None without the parts, a
+    backward pass or the device's capacity."""
+    parts = device.get("peak_parts")
+    if not parts or not total_bytes or not parts.get("backward_passes"):
+        return None
+    by = {p["part"]: p["bytes"] or 0 for p in parts["parts"]}
+    growing = by.get(ACTIVATIONS, 0) + by.get(TEMPORARIES, 0)
+    if growing <= 0:
+        return None
+    fixed = sum(by.values()) - growing
+    outside = (parts.get("outside_pytorch") or {}).get("bytes") or 0
+    reserved = (device.get("peak") or {}).get("reserved_bytes")
+    allocated = parts["allocated_bytes"]
+    kept = allocated / reserved if reserved and allocated and reserved >= allocated else 1.0
+    usable = (total_bytes - outside) * kept  # allocatable, at the allocator's present packing
+    return max((usable - fixed) / growing, 0.0)

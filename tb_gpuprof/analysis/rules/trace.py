@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from ..bottleneck import COMPILED_KERNEL_PREFIXES
+from ..memory_parts import batch_headroom
 from ..whatif import PINNED_H2D_BYTES_PER_US, SPEEDUPS, Fix, Replay, SimKernel
 from .build import recommendation
 from .rule import FixBuilder, Rec, Retiming, Rule, RuleDoc, on_report
@@ -588,15 +589,24 @@ def rule_batch_size(report: dict[str, Any]) -> dict[str, Any] | None:
         return None  # a bigger batch would only wait longer for its data, or sync as often
     spe = system.get("steps_per_execution")
     fix = BATCH_SIZE_FIX
+    evidence: dict[str, Any] = {"gpu_busy_pct": round(busy_pct, 1),
+                                "memory_used_pct": round(100 * frac, 1)}
+    problem = (f"The GPU is busy only {round(busy_pct, 1)}% of each iteration and the job uses "
+               f"{round(100 * frac, 1)}% of GPU memory: larger batches amortize launch and "
+               "host overhead over more work per kernel.")
+    gpus = [d for d in (report.get("memory") or {}).get("devices") or []
+            if not str(d.get("device", "")).startswith("cpu")]
+    fits = batch_headroom(gpus[0], total) if len(gpus) == 1 else None
+    if fits is not None and fits >= 1.0:
+        evidence["batch_fits_times"] = round(fits, 2)
+        problem += (f" From what fills memory at the peak (activations and temporaries grow with "
+                    f"the batch; weights and optimizer state do not), about {fits:.1f}x the "
+                    "current batch fits: a prediction, not yet run.")
     if spe == 1:
         fix = dict(fix, keras=fix["keras"] + "\nmodel.compile(..., steps_per_execution=32)"
                    "  # fewer host round trips")
     return _rec("batch_size", "medium", "Increase the batch size: the GPU is under-used",
-                f"The GPU is busy only {round(busy_pct, 1)}% of each iteration and the job uses "
-                f"{round(100 * frac, 1)}% of GPU memory: larger batches amortize launch and "
-                "host overhead over more work per kernel.",
-                {"gpu_busy_pct": round(busy_pct, 1), "memory_used_pct": round(100 * frac, 1)},
-                fix, None, report)
+                problem, evidence, fix, None, report)
 
 
 def _graph_breaks(report: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
