@@ -101,9 +101,10 @@ interface PanelProps {
   open: (run: string, tab: Tab) => void;
   kernelQuery: string;
   openKernels: (q: string) => void;
+  runs: RunInfo[];
 }
 
-function RunPanel({ run, step, tab, dark, open, kernelQuery, openKernels }: PanelProps) {
+function RunPanel({ run, step, tab, dark, open, kernelQuery, openKernels, runs }: PanelProps) {
   const needsReport = tab !== "gpu" && tab !== "distributed" && run.reports.length > 0;
   const report = useAsync<Report>(() => (needsReport || (tab === "gpu" && run.reports.length) ? api.report(run.run, step) : null), [run.run, step, needsReport]);
   if (tab === "gpu") return <GpuView run={run.run} report={report.data} dark={dark} />;
@@ -117,7 +118,7 @@ function RunPanel({ run, step, tab, dark, open, kernelQuery, openKernels }: Pane
   return (
     <>
       {r.refreshed ? <RefreshedNotice refreshed={r.refreshed} /> : null}
-      <ReportView run={run} step={step} tab={tab} dark={dark} report={r} kernelQuery={kernelQuery} openKernels={openKernels} />
+      <ReportView run={run} step={step} tab={tab} dark={dark} report={r} kernelQuery={kernelQuery} openKernels={openKernels} runs={runs} />
     </>
   );
 }
@@ -132,11 +133,11 @@ function RefreshedNotice({ refreshed }: { refreshed: NonNullable<Report["refresh
   );
 }
 
-function ReportView({ run, step, tab, dark, report: r, kernelQuery, openKernels }: Omit<PanelProps, "open"> & { report: Report }) {
+function ReportView({ run, step, tab, dark, report: r, kernelQuery, openKernels, runs }: Omit<PanelProps, "open"> & { report: Report }) {
   if (tab === "kernels") return <KernelsView key={`${run.run}@${step}@${kernelQuery}`} run={run.run} step={step} report={r} initialQuery={kernelQuery} />;
   if (tab === "roofline") return <RooflineView report={r} openKernels={openKernels} />;
   if (tab === "iterations") return <IterationsView report={r} dark={dark} />;
-  if (tab === "memory") return <MemoryView run={run} report={r} dark={dark} />;
+  if (tab === "memory") return <MemoryView run={run} runs={runs} report={r} dark={dark} />;
   if (tab === "timeline") return <TimelineView run={run.run} step={step} report={r} hasTrace={run.has_trace} dark={dark} />;
   return <DashboardView run={run} step={step} report={r} dark={dark} openKernels={openKernels} />;
 }
@@ -216,7 +217,7 @@ export function App() {
         ) : run ? (
           <>
             {run.error && tab !== "gpu" ? <ErrorBox what={`run “${run.run}”`} error={run.error} /> : null}
-            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} open={openRun} kernelQuery={kernelQuery} openKernels={openKernels} /> : null}
+            {!run.error || tab === "gpu" || step !== null ? <RunPanel key={`${run.run}@${step}`} run={run} step={step} tab={tab} dark={dark} open={openRun} kernelQuery={kernelQuery} openKernels={openKernels} runs={list} /> : null}
           </>
         ) : null}
       </main>

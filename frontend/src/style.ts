@@ -117,4 +117,12 @@ body.gp-dark-body { background: #303030; }
 .gp .topo td, .gp .topo th { text-align: center; }
 .gp a { color: var(--link); }
 .gp tr.straggler td { color: var(--high); font-weight: 500; }
+.gp .pp-row { display: grid; grid-template-columns: 160px minmax(0, 1fr) 90px; gap: 8px; align-items: center; margin-bottom: 6px; }
+.gp .pp-bar { display: flex; height: 22px; border-radius: 3px; overflow: hidden; background: transparent; border: 1px solid var(--border); }
+.gp .pp-seg { display: block; height: 100%; border: 0; padding: 0; margin: 0; border-radius: 0; min-width: 0; cursor: pointer; }
+.gp .pp-seg[aria-pressed=true] { outline: 2px solid var(--fg); outline-offset: -2px; }
+.gp .pp-gap { display: block; width: 6px; flex: none; }
+.gp .pp-outside { background-image: repeating-linear-gradient(45deg, rgba(255,255,255,.45) 0 3px, transparent 3px 7px); cursor: default; }
+.gp .linklike { background: none; border: 0; padding: 0; color: inherit; cursor: pointer; font: inherit; text-align: left; }
+.gp tr.selected td { background: var(--code); }
 `;

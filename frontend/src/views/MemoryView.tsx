@@ -7,6 +7,7 @@ import { api } from "../api";
 import { Chart } from "../charts";
 import { Empty, ErrorBox, KeyValues, Panel, Trunc, useAsync } from "../components";
 import { DASH, fmtBytes, fmtMs, fmtNum, fmtPct } from "../format";
+import { PeakParts } from "./MemoryParts";
 import type * as Gen from "../report.gen";
 import type { Point, Report, RunInfo } from "../types";
 
@@ -18,14 +19,28 @@ function byteScale(max: number): [number, string] {
   return max >= GIB ? [GIB, "GiB"] : max >= MIB ? [MIB, "MiB"] : [1024, "KiB"];
 }
 
+/** Indices of the series' points inside [lo, hi] ms, and the one before (where the step starts). */
+export function pointsIn(t: number[], lo: number, hi: number): { from: number; to: number } {
+  let from = 0;
+  while (from < t.length && t[from] < lo) from++;
+  let to = from;
+  while (to < t.length && t[to] <= hi) to++;
+  return { from, to };
+}
+
 function OverTime({ dev, dark }: { dev: Gen.MemoryDevice; dark: boolean }) {
   const s = dev.series;
+  const end = s.t_ms.length ? s.t_ms[s.t_ms.length - 1] : 0;
+  const [range, setRange] = useState<[number, number]>([0, end]);
+  const [lo, hi] = range;
+  const { from, to } = pointsIn(s.t_ms, lo, hi);
   const option = useMemo(() => {
     const [div, unit] = byteScale(Math.max(dev.peak.allocated_bytes, dev.max_reserved_bytes ?? 0));
+    const first = Math.max(from - 1, 0); // the step drawn into the range starts before it
     const line = (name: string, values: number[], dashed = false) => ({
       type: "line", name, step: "end", showSymbol: false, sampling: undefined,
       lineStyle: dashed ? { type: "dashed" } : undefined,
-      data: s.t_ms.map((t, i) => [t, values[i] / div]),
+      data: s.t_ms.slice(first, to).map((t, i) => [t, values[first + i] / div]),
     });
     const series = [line("allocated", s.allocated_bytes)];
     if (s.reserved_bytes) series.push(line("reserved", s.reserved_bytes, true));
@@ -33,13 +48,34 @@ function OverTime({ dev, dark }: { dev: Gen.MemoryDevice; dark: boolean }) {
       grid: { left: 64, right: 24, top: 36, bottom: 44 },
       legend: { top: 0 },
       tooltip: { trigger: "axis", valueFormatter: (v: number) => `${fmtNum(v, 2)} ${unit}` },
-      xAxis: { type: "value", name: "time in the window (ms)", nameLocation: "middle", nameGap: 28, min: 0 },
+      xAxis: { type: "value", name: "time in the window (ms)", nameLocation: "middle", nameGap: 28, min: lo, max: hi },
       yAxis: { type: "value", name: unit, min: 0 },
-      dataZoom: [{ type: "inside" }],
       series,
     };
-  }, [dev]);
-  return <Chart option={option} dark={dark} height={300} label={`memory over the window on ${dev.device}`} testId="memory-chart" />;
+  }, [dev, lo, hi]);
+  let peakI = -1;
+  for (let i = from; i < to; i++) if (peakI < 0 || s.allocated_bytes[i] > s.allocated_bytes[peakI]) peakI = i;
+  const set = (which: 0 | 1) => (e: Event) => {
+    const v = Number((e.target as HTMLInputElement).value);
+    if (!Number.isFinite(v)) return;
+    const next: [number, number] = [...range] as [number, number];
+    next[which] = Math.min(Math.max(v, 0), end);
+    if (next[0] < next[1]) setRange(next);
+  };
+  return (
+    <>
+      <div class="toolbar" data-testid="memory-range" data-lo={lo} data-hi={hi} data-points={to - from}>
+        <label>from <input type="number" step="any" min={0} max={end} value={lo} onChange={set(0)} data-testid="memory-range-from" /> ms</label>
+        <label>to <input type="number" step="any" min={0} max={end} value={hi} onChange={set(1)} data-testid="memory-range-to" /> ms</label>
+        <button type="button" onClick={() => setRange([0, end])} disabled={lo === 0 && hi === end} data-testid="memory-range-reset">whole window</button>
+        <span class="muted small" data-testid="memory-range-text">
+          {fmtMs(lo)} to {fmtMs(hi)} of {fmtMs(end)}: {fmtNum(to - from)} points
+          {peakI >= 0 ? `, highest ${fmtBytes(s.allocated_bytes[peakI])} at ${fmtMs(s.t_ms[peakI])}` : ""}
+        </span>
+      </div>
+      <Chart option={option} dark={dark} height={300} label={`memory over the window on ${dev.device}`} testId="memory-chart" />
+    </>
+  );
 }
 
 function Holders({ dev }: { dev: Gen.MemoryDevice }) {
@@ -121,7 +157,7 @@ function Nvml({ rows }: { rows: Gen.MemoryNvml[] }) {
   );
 }
 
-export function MemoryView({ run, report, dark }: { run: RunInfo; report: Report; dark: boolean }) {
+export function MemoryView({ run, runs, report, dark }: { run: RunInfo; runs: RunInfo[]; report: Report; dark: boolean }) {
   const mem = report.memory;
   const [pick, setPick] = useState(0);
   const devices = mem?.devices ?? [];
@@ -147,8 +183,11 @@ export function MemoryView({ run, report, dark }: { run: RunInfo; report: Report
               ["Reserved at the peak", fmtBytes(dev.peak.reserved_bytes)],
               ["Highest reserve", fmtBytes(dev.max_reserved_bytes)],
             ]} />
-            <OverTime dev={dev} dark={dark} />
+            <OverTime key={dev.device} dev={dev} dark={dark} />
             {dev.series.downsampled_from > dev.series.t_ms.length ? <div class="muted small">{fmtNum(dev.series.t_ms.length)} of {fmtNum(dev.series.downsampled_from)} events drawn (each time slice's lowest and highest: the peak is kept)</div> : null}
+          </Panel>
+          <Panel title="The peak by part" testId="panel-memory-parts">
+            <PeakParts key={`${run.run}/${dev.device}`} run={run.run} runs={runs} dev={dev} />
           </Panel>
           <Panel title="What held memory at the peak" testId="panel-memory-holders">
             <Holders dev={dev} />
