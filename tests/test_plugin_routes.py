@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from pathlib import Path
 
 import pytest
 from tensorboard import program
@@ -291,3 +292,63 @@ def test_timeline_route_gives_python_rows_for_a_with_stack_trace(client, kineto_
     status, detail = get_json(client, "/timeline", run="kineto", event=single)
     assert status == 200 and detail["event"]["category"] == "python"
     assert detail["event"]["tid"] in per_thread
+
+
+@pytest.fixture(scope="module")
+def memory_client(tmp_path_factory):
+    """A log directory holding one imported trace with allocator events (ResNet-50 AMP on the
+    H200, about 40k events: its report keeps at most 2000 points of them)."""
+    from tests.conftest import run_cli
+
+    logdir = tmp_path_factory.mktemp("memory_logdir")
+    trace = Path(__file__).parent / "data" / "h200_ladders" / "resnet50_amp.json.gz"
+    run_cli("import", str(trace), "--logdir", str(logdir),
+            "--run", "mem")
+    plugins = [core_plugin.CorePluginLoader, GpuProfPluginLoader]
+    tb = program.TensorBoard(plugins=plugins)
+    tb.configure(argv=["tensorboard", "--logdir", str(logdir), "--load_fast=false",
+                       "--reload_interval=0", "--reload_task=blocking"])
+    ingester = data_ingester.LocalDataIngester(tb.flags)
+    ingester.start()
+    app = application.TensorBoardWSGIApp(tb.flags, plugins, ingester.data_provider, None,
+                                         ingester.deprecated_multiplexer)
+    return Client(app)
+
+
+def test_memory_route_downsamples_a_zoomed_range_again_from_the_raw_trace(memory_client):
+    status, report = get_json(memory_client, "/report", run="mem")
+    assert status == 200
+    (dev,) = [d for d in report["memory"]["devices"] if d["device"].startswith("cuda")]
+    whole = dev["series"]
+    assert whole["downsampled_from"] > len(whole["t_ms"])  # the report's series is coarse
+    peak_ms = dev["peak"]["t_ms"]
+    lo, hi = max(peak_ms - 1.0, 0.0), peak_ms + 1.0
+    status, body = get_json(memory_client, "/memory", run="mem", device=dev["device"],
+                            start_ms=lo, end_ms=hi)
+    assert status == 200
+    zoom = body["series"]
+    in_report = sum(lo <= t <= hi for t in whole["t_ms"])
+    assert len(zoom["t_ms"]) > in_report  # finer than the report's points in that range
+    assert zoom["downsampled_from"] >= len(zoom["t_ms"])
+    assert all(lo <= t <= hi for t in zoom["t_ms"])
+    assert zoom["t_ms"] == sorted(zoom["t_ms"])
+    # the same clock as the report's series: the peak is in the range, at the same time
+    at = zoom["allocated_bytes"].index(max(zoom["allocated_bytes"]))
+    assert zoom["allocated_bytes"][at] == dev["peak"]["allocated_bytes"]
+    assert zoom["t_ms"][at] == pytest.approx(peak_ms, abs=1e-3)
+    # the whole window asked again keeps each slice's extremes, as the report did
+    status, again = get_json(memory_client, "/memory", run="mem", device=dev["device"],
+                             start_ms=0, end_ms=whole["t_ms"][-1])
+    assert max(again["series"]["allocated_bytes"]) == dev["peak"]["allocated_bytes"]
+
+
+@pytest.mark.parametrize("params,code", [
+    ({"device": "cuda:0", "start_ms": 5, "end_ms": 1}, 400),
+    ({"device": "cuda:0", "start_ms": "x", "end_ms": 1}, 400),
+    ({"device": "cuda:0", "start_ms": 0}, 400),
+    ({"device": "cuda:7", "start_ms": 0, "end_ms": 1}, 404),
+    ({"device": "<script>", "start_ms": 0, "end_ms": 1}, 404),
+])
+def test_memory_route_errors(memory_client, params, code):
+    status, body = get_json(memory_client, "/memory", run="mem", **params)
+    assert status == code and "\n" not in body["error"]

@@ -137,7 +137,7 @@ function ReportView({ run, step, tab, dark, report: r, kernelQuery, openKernels,
   if (tab === "kernels") return <KernelsView key={`${run.run}@${step}@${kernelQuery}`} run={run.run} step={step} report={r} initialQuery={kernelQuery} />;
   if (tab === "roofline") return <RooflineView report={r} openKernels={openKernels} />;
   if (tab === "iterations") return <IterationsView report={r} dark={dark} />;
-  if (tab === "memory") return <MemoryView run={run} runs={runs} report={r} dark={dark} />;
+  if (tab === "memory") return <MemoryView run={run} step={step} runs={runs} report={r} dark={dark} />;
   if (tab === "timeline") return <TimelineView run={run.run} step={step} report={r} hasTrace={run.has_trace} dark={dark} />;
   return <DashboardView run={run} step={step} report={r} dark={dark} openKernels={openKernels} />;
 }

@@ -86,6 +86,16 @@ export interface CompareAnswer {
   kernels_total: number;
 }
 
+/** /memory: a device's allocator series over a range of the window, from the raw trace. */
+export interface MemoryRangeAnswer {
+  run: string;
+  step: number;
+  device: string;
+  start_ms: number;
+  end_ms: number;
+  series: Gen.MemorySeries;
+}
+
 export interface TelemetryAnswer {
   series: Record<string, Point[]>;
   topology: unknown;

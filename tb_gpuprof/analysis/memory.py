@@ -141,10 +141,30 @@ def _device(mem: MemoryEvents, idx: list[int], key: tuple[int, int],
     }
 
 
+def memory_range(mem: MemoryEvents | None, device: str, t0_us: float, start_ms: float,
+                 end_ms: float) -> dict[str, Any] | None:
+    """One device's allocator series over [start_ms, end_ms] of the window (ms from the
+    section's ``t0_us``), down-sampled again to at most MAX_POINTS for that range: what a
+    zoomed view draws where the whole window's series kept only each slice's extremes. None
+    for a device the events do not hold."""
+    if mem is None:
+        return None
+    idx = [i for i, key in enumerate(zip(mem.device_type, mem.device_id, strict=True))
+           if _device_name(*key) == device]
+    if not idx:
+        return None
+    lo, hi = t0_us + start_ms * 1e3, t0_us + end_ms * 1e3
+    ts = [mem.ts[i] for i in idx]
+    inside = idx[bisect.bisect_left(ts, lo):bisect.bisect_right(ts, hi)]
+    has_reserved = mem.device_type[idx[0]] == _CUDA or any(mem.reserved[i] > 0 for i in idx)
+    return _series(mem, inside, lo, hi, has_reserved, origin=t0_us)
+
+
 def _series(mem: MemoryEvents, inside: list[int], lo: float, hi: float,
-            has_reserved: bool) -> dict[str, Any]:
-    """At most MAX_POINTS points: each time bucket's lowest and highest allocated value, in
-    time order, so the peak and the troughs survive down-sampling."""
+            has_reserved: bool, origin: float | None = None) -> dict[str, Any]:
+    """At most MAX_POINTS points: each time bucket of [lo, hi]'s lowest and highest allocated
+    value, in time order, so the peak and the troughs survive down-sampling; times in ms from
+    ``origin`` (default ``lo``)."""
     keep = inside
     if len(inside) > MAX_POINTS:
         buckets = MAX_POINTS // 2
@@ -164,7 +184,8 @@ def _series(mem: MemoryEvents, inside: list[int], lo: float, hi: float,
                 high = i
             chosen[k] = (low, high)
         keep = sorted({i for pair in chosen.values() for i in pair})
-    return {"t_ms": [round((mem.ts[i] - lo) / 1e3, 4) for i in keep],
+    t0 = lo if origin is None else origin
+    return {"t_ms": [round((mem.ts[i] - t0) / 1e3, 4) for i in keep],
             "allocated_bytes": [mem.allocated[i] for i in keep],
             "reserved_bytes": [mem.reserved[i] for i in keep] if has_reserved else None,
             "downsampled_from": len(inside)}

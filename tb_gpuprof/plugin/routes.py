@@ -201,6 +201,31 @@ def _timeline(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str)
     return {"run": run, "step": ref.step, **window}
 
 
+def _memory(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    """A device's allocator series over a range of the window, from the raw trace."""
+    from ..analysis.memory import memory_range
+
+    run = _required(request, "run")
+    device = _required(request, "device")
+    start = _parse_float(_required(request, "start_ms"), "start_ms")
+    end = _parse_float(_required(request, "end_ms"), "end_ms")
+    assert start is not None and end is not None  # required: never empty
+    if end <= start:
+        raise views.BadParam(f"end_ms must be above start_ms, got {start} and {end}")
+    ref = _ref(plugin, request, ctx, eid, run)
+    report = plugin.load_report(ctx, eid, ref).report
+    t0 = (report.get("memory") or {}).get("t0_us")
+    if t0 is None:
+        raise HttpError(404, f"run {run!r} step {ref.step} has no memory section")
+    path = plugin.trace_file(run, ref.step, views.parse_int(request.args.get("rank"), "rank", None))
+    series = memory_range(plugin.timeline(path, report, ref.wall_time).memory, device, t0,
+                          start, end)
+    if series is None:
+        raise HttpError(404, f"the trace holds no allocator events for device {device!r}")
+    return {"run": run, "step": ref.step, "device": device, "start_ms": start, "end_ms": end,
+            "series": series}
+
+
 def _static_file(rel: str) -> str | None:
     """A file under tb_gpuprof/static/ named by a request path, never anything outside it."""
     parts = [p for p in rel.split("/") if p]
@@ -251,6 +276,7 @@ ROUTES: dict[str, Handler] = {
     "/distributed": _distributed,
     "/trace": _trace,
     "/timeline": _timeline,
+    "/memory": _memory,
     "/index.js": _index_js,
     "/*": _static,  # other dashboard assets, e.g. /static/app.css
 }

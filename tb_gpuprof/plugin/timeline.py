@@ -134,6 +134,7 @@ class TimelineIndex:
         self._by_external: dict[int, CpuOp] = {op.external_id: op for op in profile.cpu_ops
                                                if op.external_id is not None}
         self.python = profile.python
+        self.memory = profile.memory  # the allocator's events: /memory's zoomed series
         self._python_rows = self._python_threads(profile.python, len(self.events))
         self._add_host_rows(host)
         self._add_gpu_rows(profile.gpu, len(host))

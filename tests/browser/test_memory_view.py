@@ -19,6 +19,7 @@ from .kineto_synth import HOSTILE_KERNEL, SynthKernel, write_kineto_trace
 RUN_CPU = "cpu_loop"
 RUN_GPU = "mem_hostile"
 RUN_NONE = "no_memory"
+RUN_BIG = "resnet50_amp"  # ~40k allocator events: the report keeps 2000 points of them
 HOSTILE_OP = HOSTILE_KERNEL  # an op name from a trace is as untrusted as a kernel name
 
 
@@ -66,8 +67,11 @@ def mem_server(tmp_path_factory: pytest.TempPathFactory, tensorboard_factory: An
     run_cli("import", str(trace), "--logdir", str(logdir), "--run", RUN_GPU)
     run_cli("import", str(fixture_path("kineto_transformer_bf16_h200.json.gz")), "--logdir",
             str(logdir), "--run", RUN_NONE)
+    run_cli("import", str(Path(__file__).parents[1] / "data" / "h200_ladders" /
+                          "resnet50_amp.json.gz"), "--logdir", str(logdir), "--run", RUN_BIG)
     tb = tensorboard_factory(logdir)
-    wait_until(lambda: runs_loaded(tb.base_url, (RUN_CPU, RUN_GPU, RUN_NONE)), timeout=120,
+    wait_until(lambda: runs_loaded(tb.base_url, (RUN_CPU, RUN_GPU, RUN_NONE, RUN_BIG)),
+               timeout=120,
                what="tensorboard to load the memory runs")
     return Server(tb)
 
@@ -160,3 +164,30 @@ def test_timeline_shows_the_python_rows_of_a_with_stack_window(mem_page, mem_ser
     eventually(lambda: int(mem_page.locator("[data-testid=timeline-canvas]").get_attribute(
         "data-bars") or 0) > 0, True, what="bars drawn")
     screenshot(mem_page, "timeline-python")
+
+
+def test_a_zoomed_range_is_sampled_again_from_the_raw_trace(mem_page, mem_server) -> None:
+    report = mem_server.route("report", run=RUN_BIG)
+    (dev,) = [d for d in report["memory"]["devices"] if d["device"].startswith("cuda")]
+    whole = dev["series"]
+    assert whole["downsampled_from"] > len(whole["t_ms"])
+    lo, hi = round(dev["peak"]["t_ms"] - 1.0, 3), round(dev["peak"]["t_ms"] + 1.0, 3)
+    _open_memory(mem_page, RUN_BIG)
+    bar = mem_page.locator("[data-testid=memory-range]")
+    assert bar.get_attribute("data-source") == "report"
+    mem_page.fill("[data-testid=memory-range-to]", str(hi))
+    mem_page.locator("[data-testid=memory-range-to]").dispatch_event("change")
+    mem_page.fill("[data-testid=memory-range-from]", str(lo))
+    mem_page.locator("[data-testid=memory-range-from]").dispatch_event("change")
+    eventually(lambda: bar.get_attribute("data-source"), check=lambda v: v == "trace",
+               what="the zoomed series from the trace")
+    answer = mem_server.route("memory", run=RUN_BIG, device=dev["device"], start_ms=lo,
+                              end_ms=hi)
+    in_report = sum(lo <= t <= hi for t in whole["t_ms"])
+    points = int(bar.get_attribute("data-points") or 0)
+    assert points == sum(lo <= t <= hi for t in answer["series"]["t_ms"]) > in_report
+    assert fmt_bytes(dev["peak"]["allocated_bytes"]) in \
+        mem_page.locator("[data-testid=memory-range-text]").text_content()
+    mem_page.click("[data-testid=memory-range-reset]")
+    eventually(lambda: bar.get_attribute("data-source"), check=lambda v: v == "report",
+               what="the report's series again")

@@ -28,11 +28,15 @@ export function pointsIn(t: number[], lo: number, hi: number): { from: number; t
   return { from, to };
 }
 
-function OverTime({ dev, dark }: { dev: Gen.MemoryDevice; dark: boolean }) {
-  const s = dev.series;
-  const end = s.t_ms.length ? s.t_ms[s.t_ms.length - 1] : 0;
+function OverTime({ run, step, dev, dark }: { run: string; step: number | null; dev: Gen.MemoryDevice; dark: boolean }) {
+  const whole = dev.series;
+  const end = whole.t_ms.length ? whole.t_ms[whole.t_ms.length - 1] : 0;
   const [range, setRange] = useState<[number, number]>([0, end]);
   const [lo, hi] = range;
+  // a zoomed range of a down-sampled window: the server samples the raw trace's events again
+  const zoomed = (lo > 0 || hi < end) && whole.downsampled_from > whole.t_ms.length;
+  const finer = useAsync(() => (zoomed ? api.memory(run, step, dev.device, lo, hi) : null), [run, step, dev.device, lo, hi, zoomed]);
+  const s = zoomed && finer.data ? finer.data.series : whole;
   const { from, to } = pointsIn(s.t_ms, lo, hi);
   const option = useMemo(() => {
     const [div, unit] = byteScale(Math.max(dev.peak.allocated_bytes, dev.max_reserved_bytes ?? 0));
@@ -52,7 +56,7 @@ function OverTime({ dev, dark }: { dev: Gen.MemoryDevice; dark: boolean }) {
       yAxis: { type: "value", name: unit, min: 0 },
       series,
     };
-  }, [dev, lo, hi]);
+  }, [dev, s, lo, hi]);
   let peakI = -1;
   for (let i = from; i < to; i++) if (peakI < 0 || s.allocated_bytes[i] > s.allocated_bytes[peakI]) peakI = i;
   const set = (which: 0 | 1) => (e: Event) => {
@@ -64,13 +68,14 @@ function OverTime({ dev, dark }: { dev: Gen.MemoryDevice; dark: boolean }) {
   };
   return (
     <>
-      <div class="toolbar" data-testid="memory-range" data-lo={lo} data-hi={hi} data-points={to - from}>
+      <div class="toolbar" data-testid="memory-range" data-lo={lo} data-hi={hi} data-points={to - from} data-source={s === whole ? "report" : "trace"}>
         <label>from <input type="number" step="any" min={0} max={end} value={lo} onChange={set(0)} data-testid="memory-range-from" /> ms</label>
         <label>to <input type="number" step="any" min={0} max={end} value={hi} onChange={set(1)} data-testid="memory-range-to" /> ms</label>
         <button type="button" onClick={() => setRange([0, end])} disabled={lo === 0 && hi === end} data-testid="memory-range-reset">whole window</button>
         <span class="muted small" data-testid="memory-range-text">
-          {fmtMs(lo)} to {fmtMs(hi)} of {fmtMs(end)}: {fmtNum(to - from)} points
+          {fmtMs(lo)} to {fmtMs(hi)} of {fmtMs(end)}: {fmtNum(to - from)} points{s === whole ? "" : ", sampled again from the trace"}
           {peakI >= 0 ? `, highest ${fmtBytes(s.allocated_bytes[peakI])} at ${fmtMs(s.t_ms[peakI])}` : ""}
+          {zoomed && finer.error ? " (the raw trace could not be read again: the report's points are drawn)" : ""}
         </span>
       </div>
       <Chart option={option} dark={dark} height={300} label={`memory over the window on ${dev.device}`} testId="memory-chart" />
@@ -157,7 +162,7 @@ function Nvml({ rows }: { rows: Gen.MemoryNvml[] }) {
   );
 }
 
-export function MemoryView({ run, runs, report, dark }: { run: RunInfo; runs: RunInfo[]; report: Report; dark: boolean }) {
+export function MemoryView({ run, step, runs, report, dark }: { run: RunInfo; step: number | null; runs: RunInfo[]; report: Report; dark: boolean }) {
   const mem = report.memory;
   const [pick, setPick] = useState(0);
   const devices = mem?.devices ?? [];
@@ -183,7 +188,7 @@ export function MemoryView({ run, runs, report, dark }: { run: RunInfo; runs: Ru
               ["Reserved at the peak", fmtBytes(dev.peak.reserved_bytes)],
               ["Highest reserve", fmtBytes(dev.max_reserved_bytes)],
             ]} />
-            <OverTime key={dev.device} dev={dev} dark={dark} />
+            <OverTime key={dev.device} run={run.run} step={step} dev={dev} dark={dark} />
             {dev.series.downsampled_from > dev.series.t_ms.length ? <div class="muted small">{fmtNum(dev.series.t_ms.length)} of {fmtNum(dev.series.downsampled_from)} events drawn (each time slice's lowest and highest: the peak is kept)</div> : null}
           </Panel>
           <Panel title="The peak by part" testId="panel-memory-parts">
