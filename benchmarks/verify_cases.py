@@ -9,10 +9,17 @@ loop without any hook: 10 warm-up iterations, then 8 blocks of
 ms/iteration. The table compares the report's prediction, the verified saving and the
 fresh-process saving of each fix (all from the FP32 eager baseline).
 
-On the H200, from the repository root (docs/calibration.md has the figures):
+On the H200, from the repository root (docs/calibration.md has the figures and the commands
+of its runs):
 
-    python benchmarks/verify_cases.py --out $OUT/v1 --cases gnn,llama,moe --max-s 90
-    python benchmarks/verify_cases.py --out $OUT/v2 --cases resnet,unet,lora --max-s 90
+    python benchmarks/verify_cases.py --out $OUT/u --cases unet --max-s 100
+    python benchmarks/verify_cases.py --out $OUT/g --cases gnn,lora --max-s 60
+    python benchmarks/verify_cases.py --out $OUT/t --cases llama,moe,resnet,vit --max-s 0
+
+``--max-s 0`` records the window and its report only. Each hooked run is kept as
+``OUT/runs/CASE.tar.gz`` (trace, stored report, context: ``tb-gpuprof report --reanalyze``
+re-predicts from it), with the parameters' and optimizer state's bytes and the allocator's
+figures beside its memory peak parts in results.json (issue 40's checks).
 
 CPU check: ``python benchmarks/verify_cases.py --smoke --out /tmp/vc --cases gnn,lora``.
 """
