@@ -106,15 +106,17 @@ class GpuProfCallback(_lightning_callback_base()):  # type: ignore[misc]
         self._close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
-        self._close()
+        # a CUDA out-of-memory error gets its report (docs/pytorch.md#out-of-memory); Lightning
+        # re-raises ``exception`` itself afterwards
+        self._close(exception)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self._close()
 
-    def _close(self) -> None:
+    def _close(self, exception: BaseException | None = None) -> None:
         prof, self.profiler = self.profiler, None
         if prof is not None:
-            close_or_warn(prof)
+            close_or_warn(prof, exception)
             self.last_profiler = prof
 
 

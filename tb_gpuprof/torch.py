@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .capture import torch_env as _torch_env
-from .capture import torch_memory
+from .capture import torch_memory, torch_oom
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
 from .store import layout
@@ -185,6 +185,16 @@ class GpuProfiler(HookCore):
         # the trace export and the results' release, on the training thread at the window's
         # stop (torch's C++ holds the GIL throughout: from any thread it stalls training)
         self.export_seconds: float | None = None
+        # for the out-of-memory report (docs/pytorch.md#out-of-memory): the batch size of the
+        # iteration in progress (read from the batch wrap() yields, or the model's forward's
+        # first argument), the window's, and the always-on peaks' (step, batch size,
+        # allocated bytes) at their last readings
+        self._batch_size: int | None = None
+        self._window_batch_size: int | None = None
+        self._wrapping = False
+        self._memory_history: collections.deque[tuple[int, int | None, int]] = \
+            collections.deque(maxlen=64)
+        self.oom_report_path: str | None = None  # where the out-of-memory report went
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -192,8 +202,67 @@ class GpuProfiler(HookCore):
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.close_after(exc)  # returns None: the error, if any, propagates unchanged
+
+    def close_after(self, exc: BaseException | None) -> None:
+        """:meth:`close` after ``exc`` ended the loop (None: it ended normally). A CUDA
+        out-of-memory error first gets its report, written into the run before the error
+        propagates (docs/pytorch.md#out-of-memory); ``exc`` itself is never changed, and a
+        failure of the report is one warning. Framework callbacks without a ``with`` block
+        call this from their exception hook."""
+        captured = None
+        if exc is not None and torch_oom.is_out_of_memory(exc):
+            captured = self._oom_capture()
         self.close()
+        if exc is not None and captured is not None:
+            self._oom_report(exc, captured)
+
+    def _oom_capture(self) -> dict[str, Any] | None:
+        """At the failure, before close() lets anything go: the allocator, the model's and
+        optimizer's tensors (reading only)."""
+        if self._torch is None:
+            return None
+        try:
+            return torch_oom.capture(self._torch, self.model, self.optimizer,
+                                     self._device if self.cuda else None)
+        except Exception as e:
+            warnings.warn(f"tb_gpuprof: the out-of-memory report failed, the error propagates "
+                          f"unchanged: {e!r}", GpuProfWarning, stacklevel=3)
+            return None
+
+    def _oom_report(self, exc: BaseException, captured: dict[str, Any]) -> None:
+        """Build the report (analysis/oom.py), write it into the run, warn its summary."""
+        try:
+            from .analysis import oom
+            from .store.writer import save_oom_report
+
+            device = f"cuda:{self._device}" if self.cuda else None
+            report = oom.oom_report(
+                error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                message=str(exc), step=self.iteration, device=device,
+                allocator=captured["allocator"], tensors=captured["tensors"],
+                model=captured["model"], batch_size=self._batch_size,
+                window=self._oom_window(device),
+                history=[{"step": s, "batch_size": b, "allocated_bytes": a}
+                         for s, b, a in self._memory_history],
+                autocast=self._autocast)
+            self.oom_report_path = save_oom_report(self.run_dir, report, rank=self.rank)
+            warnings.warn(f"{oom.summary(report)} Report: {self.oom_report_path}",
+                          GpuProfWarning, stacklevel=3)
+        except Exception as e:
+            warnings.warn(f"tb_gpuprof: the out-of-memory report failed, the error propagates "
+                          f"unchanged: {e!r}", GpuProfWarning, stacklevel=3)
+
+    def _oom_window(self, device: str | None) -> dict[str, Any] | None:
+        """The window's peak decomposition on the failing device (on the CPU, the CPU's)."""
+        if self.report is None:
+            return None
+        for d in (self.report.get("memory") or {}).get("devices") or ():
+            if d.get("device") == (device or "cpu") and d.get("peak_parts"):
+                return {"peak_parts": d["peak_parts"], "batch_size": self._window_batch_size,
+                        "step": (d.get("peak") or {}).get("step")}
+        return None
 
     def start(self) -> GpuProfiler:
         """Begin iteration 0 (``with GpuProfiler(...)`` calls this)."""
@@ -246,6 +315,8 @@ class GpuProfiler(HookCore):
         def pre_hook(module: Any, args: Any) -> None:
             try:
                 self.batch_ready()
+                if not self._wrapping:
+                    self._batch_size = torch_oom.batch_size_of(args)
                 if self._window is not None and self._autocast is None:
                     self._autocast = _torch_env.autocast_state(self._torch)
             except Exception as e:  # a hook must never raise into the model
@@ -320,6 +391,11 @@ class GpuProfiler(HookCore):
             finally:
                 if self._on.get("nvtx"):
                     self._guard("nvtx", self._torch.cuda.nvtx.range_pop, when="nvtx")
+            self._wrapping = True
+            try:
+                self._batch_size = torch_oom.batch_size_of(batch)
+            except Exception:
+                self._batch_size = None
             self.batch_ready()
             yield batch
 
@@ -359,8 +435,9 @@ class GpuProfiler(HookCore):
         if on["memory"] and self._memory_due(t):
             try:
                 stats = torch.cuda.memory.memory_stats_as_nested_dict(self._device)
-                rec.mem = (stats["allocated_bytes"]["all"]["peak"] / 2**20,
-                           stats["reserved_bytes"]["all"]["peak"] / 2**20)
+                allocated_peak = stats["allocated_bytes"]["all"]["peak"]
+                rec.mem = (allocated_peak / 2**20, stats["reserved_bytes"]["all"]["peak"] / 2**20)
+                self._memory_history.append((i, self._batch_size, allocated_peak))
                 torch.cuda.reset_peak_memory_stats(self._device)
             except Exception as e:
                 self._fail("memory", e)
@@ -528,6 +605,7 @@ class GpuProfiler(HookCore):
         env = _torch_env.record_env(torch, model=self.model, convs=convs,
                                     autocast=self._autocast, device=self._device)
         self.env = env
+        self._window_batch_size = self._batch_size
         tensors = self._guard("memory_parts", torch_memory.record_tensors, torch, self.model,
                               self.optimizer, self._device, when="memory_parts")
         raw = self._export_window(win, stop - 1)
@@ -706,12 +784,13 @@ def _counted_after(report: dict[str, Any], fix_id: str) -> str | None:
     return estimator.counted_after(recs[fix_id], set(recs))
 
 
-def close_or_warn(prof: GpuProfiler | None) -> None:
-    """Close a framework adapter's profiler; a failure is one warning (training is over)."""
+def close_or_warn(prof: GpuProfiler | None, exc: BaseException | None = None) -> None:
+    """Close a framework adapter's profiler (after ``exc``, which ended training: an
+    out-of-memory error gets its report); a failure is one warning (training is over)."""
     if prof is None:
         return
     try:
-        prof.close()
+        prof.close_after(exc)
     except Exception as e:
         warnings.warn(f"tb_gpuprof: closing the profiler failed: {e}", GpuProfWarning,
                       stacklevel=3)

@@ -137,9 +137,16 @@ class GpuProfCallback(_trainer_callback_base()):  # type: ignore[misc]
         self._exclude_pause()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close_after(None)
+
+    def close_after(self, exc: BaseException | None) -> None:
+        """The Trainer has no exception callback (``on_train_end`` does not run when
+        ``train()`` raises): call this from an ``except`` around ``trainer.train()`` and
+        re-raise, so that a CUDA out-of-memory error gets its report
+        (docs/pytorch.md#out-of-memory)."""
         prof, self.profiler = self.profiler, None
         if prof is not None:
-            close_or_warn(prof)
+            close_or_warn(prof, exc)
             self.last_profiler = prof
 
 

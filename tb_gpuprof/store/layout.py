@@ -40,6 +40,9 @@ REFRESHED_SUBDIR = ("plugins", PLUGIN_NAME, "reports")
 # What the analysis knew beside the raw trace (flags, model facts, un-profiled times, ...),
 # in the window's trace directory next to the trace.
 CONTEXT_FILE_NAME = "context.json"
+# The out-of-memory report the PyTorch hook writes when training fails for want of device
+# memory: <run>/plugins/gpuprof/oom_report[.rank<r>].json (docs/pytorch.md#out-of-memory).
+OOM_REPORT_NAME = "oom_report"
 EVENTS_FILE_MARK = "tfevents"  # what makes TensorBoard read a file as an events file
 
 _REPORT_TAG_RE = re.compile(r"^gpuprof/report/(\d+)(?:/rank(\d+))?$")
@@ -127,6 +130,12 @@ def refreshed_report_path(run_dir: str | os.PathLike[str], step: int,
                         f"{trace_dir_name(step, rank)}.json.gz")
 
 
+def oom_report_path(run_dir: str | os.PathLike[str], rank: int | None = None) -> str:
+    """Where the out-of-memory report of a run (of one rank) is written; the last failure's."""
+    return os.path.join(os.fspath(run_dir), "plugins", PLUGIN_NAME,
+                        f"{OOM_REPORT_NAME}{f'.rank{rank}' if rank else ''}.json")
+
+
 def rank_run_name(rank: int, parent: str = ".") -> str:
     """The sub-run rank r > 0 writes into: ``<parent>/rank<r>`` (``rank<r>`` under ".")."""
     return f"rank{rank}" if parent in (".", "") else f"{parent}/rank{rank}"
@@ -177,9 +186,11 @@ def safe_join(root: str | os.PathLike[str], *parts: str) -> str | None:
 __all__ = [
     "DASHBOARD_TAGS", "DATA_WAIT_TAG", "EVENTS_FILE_MARK", "GPU_STEP_TIME_TAG", "GPU_TIME_TAG",
     "HOST_STEP_TIME_TAG", "ITERATION_TIME_TAG", "MEMORY_ALLOCATED_PEAK_TAG",
-    "MEMORY_RESERVED_PEAK_TAG", "MFU_TAG", "MODEL_TFLOPS_TAG", "PLUGIN_NAME", "REPORT_TAG_PREFIX",
+    "MEMORY_RESERVED_PEAK_TAG", "MFU_TAG", "MODEL_TFLOPS_TAG", "OOM_REPORT_NAME", "PLUGIN_NAME",
+    "REPORT_TAG_PREFIX",
     "RUN_SUMMARY_TAG", "TAG_PREFIX", "TOPOLOGY_TAG", "TRACES_SUBDIR", "events_file_name",
-    "is_events_file", "is_gpuprof_tag", "is_telemetry_scalar", "parse_rank_run_name",
+    "is_events_file", "is_gpuprof_tag", "is_telemetry_scalar", "oom_report_path",
+    "parse_rank_run_name",
     "parse_report_tag", "parse_trace_dir_name", "rank_run_dir", "rank_run_name", "report_tag",
     "safe_join", "scalar_name", "scalar_tag", "stored_trace_name", "telemetry_tag",
     "trace_dir", "trace_dir_name", "traces_root",

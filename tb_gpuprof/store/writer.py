@@ -245,6 +245,15 @@ def save_context(run_dir: str | os.PathLike[str], step: int, context: dict[str, 
     return dest
 
 
+def save_oom_report(run_dir: str | os.PathLike[str], report: dict[str, Any], *,
+                    rank: int | None = None) -> str:
+    """Write the out-of-memory report (tb_gpuprof/analysis/oom.py) into the run, atomically;
+    its path."""
+    dest = layout.oom_report_path(run_dir, rank)
+    _write_atomically(dest, json.dumps(report, indent=1, default=str).encode())
+    return dest
+
+
 def save_refreshed_report(run_dir: str | os.PathLike[str], step: int, rank: int | None,
                           entry: dict[str, Any]) -> bool:
     """Cache a re-analysed report beside the run; False when the run is not writable (the
