@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -36,6 +37,8 @@ from .capture import keras_env as _keras_env
 from .capture import torch_env as _torch_env
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
+from .capture.verification import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
+from .capture.verification import verify_options
 from .store import layout
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace
@@ -45,7 +48,8 @@ DRAIN_TIMEOUT_S = 120.0  # longest wait for an in-flight step at the window's ed
 class _Exec:
     """One Keras execution (``steps_per_execution`` steps) between batch begin and end."""
 
-    __slots__ = ("batch", "boundary", "g0", "prev", "t_end", "t_ready")
+    __slots__ = ("batch", "boundary", "exec_ms", "g0", "prev", "t_end", "t_ready",
+                 "verifying")
 
     def __init__(self, g0: int, batch: int, boundary: bool, prev: _Exec | None) -> None:
         self.g0 = g0  # global step of its first batch, counted from the first fit
@@ -54,6 +58,8 @@ class _Exec:
         self.prev = prev
         self.t_ready = 0.0
         self.t_end: float | None = None
+        self.exec_ms: float | None = None  # the whole execution's time, once it ended
+        self.verifying = False  # ran while verify= was measuring (in the state it had set)
 
 
 class GpuProfCallback(keras.callbacks.Callback, HookCore):
@@ -81,6 +87,12 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             execution). A torch reading takes tens of µs of the training thread.
         scalars: write the always-on scalars (``gpuprof/iteration_time_ms`` ...).
         flush_secs: how often the background thread writes queued scalars.
+        verify: after the window's report, measure its fixes inside this ``fit`` where the
+            backend can switch them in place (docs/verify.md): ``True`` for the report's top
+            fixes, or a list of fix ids. Only ``tf32`` on the torch backend can be switched;
+            the others are reported not verifiable, with the reason. One iteration of the
+            verification is one execution (``steps_per_execution`` steps). Default ``False``.
+        verify_max_s: the most seconds the whole verification may take (default 600).
     """
 
     async_safe = True  # Keras 3: our batch-end hook may run on Keras' worker threads
@@ -91,10 +103,15 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
                  nvml_interval_s: float | None = None, with_stack: bool = False,
                  record_shapes: bool = True, with_flops: bool = True, key: str | None = None,
                  memory: bool = True, memory_interval_s: float = 0.1, scalars: bool = True,
-                 flush_secs: float = 1.0, record_memory: bool = True) -> None:
+                 flush_secs: float = 1.0, record_memory: bool = True,
+                 verify: bool | Sequence[str] = False,
+                 verify_max_s: float = DEFAULT_VERIFY_MAX_S) -> None:
         super().__init__()
         if not isinstance(record_memory, bool):
             raise TypeError(f"record_memory must be True or False, got {record_memory!r}")
+        # torch.compile is not switched in a fit (the train function is built once): no
+        # verify_compile; plan_fixes then leaves the reason to _switch_for
+        self._verify, _, self._verify_max_s = verify_options(verify, False, verify_max_s)
         self.record_memory = record_memory
         # iteration: global step of the next execution
         self._init_core(logdir, iter_start, iter_stop, key=key, nvml_interval_s=nvml_interval_s,
@@ -125,6 +142,7 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         self._window_done = False
         self._window_mem: list[float] = []
         self.report_step: int | None = None  # the step the report is stored at
+        self._verify_state = "waiting" if self._verify else "off"  # -> running -> done
 
     # -- robustness ------------------------------------------------------------------------
 
@@ -199,6 +217,13 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
                 self._guard("window", self._stop_window)
             self._abort_warm()
             self.wait()
+            if self._verifier is not None:  # fit ended mid-verification: undo, store so far
+                self._verifier.stop()
+                self._guard("verify", self._store_verification)
+                self._verify_state = "done"
+            elif self._verify_state == "waiting" and self.report is not None:
+                # fixes none of which can be switched are settled now; others wait for a fit
+                self._guard("verify", self._start_verification, True)
             self._guard("run summary", self._write_summary)
             self.close()
         except Exception as e:
@@ -240,9 +265,14 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             elif self._warms_up_before(g0):
                 self._guard("window", self._warm_up, g0)
                 boundary = True
+            verifying = False
+            if self._verify_state in ("waiting", "running") and self._window is None:
+                boundary = self._verify_begin() or boundary
+                verifying = self._verify_state == "running"
             if self._window is not None:
                 self._window.mark(g0)
             rec = _Exec(g0, batch, boundary, self._last)
+            rec.verifying = verifying
             self._pending[batch] = rec
             self._last = rec
             self._boundary = False
@@ -268,6 +298,8 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
                 base = prev.t_end if prev is not None else None
                 if rec.boundary:
                     base = rec.t_ready if base is None else max(base, rec.t_ready)
+                if base is not None and t > base:  # before the notify: verify= reads it
+                    rec.exec_ms = (t - base) * 1e3
                 if self._waiting is rec:
                     self._lock.notify_all()
                 if self.batch_end_async is None:
@@ -298,14 +330,87 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
         except Exception as e:
             self._bug(e)
 
-    def _wait_done(self, rec: _Exec | None) -> None:
-        """Wait until ``rec``'s batch end ran (async dispatch: its results exist)."""
+    def _wait_done(self, rec: _Exec | None) -> bool:
+        """Wait until ``rec``'s batch end ran (async dispatch: its results exist); False when
+        it did not within :data:`DRAIN_TIMEOUT_S`."""
         if rec is None:
-            return
+            return True
         with self._lock:
             self._waiting = rec
-            self._lock.wait_for(lambda: rec.t_end is not None, timeout=DRAIN_TIMEOUT_S)
+            done = self._lock.wait_for(lambda: rec.t_end is not None, timeout=DRAIN_TIMEOUT_S)
             self._waiting = None
+        return bool(done)
+
+    # -- verification (verify=) ------------------------------------------------------------
+
+    def _verify_begin(self) -> bool:
+        """Training thread, at a batch begin: drive the verification with the execution that
+        just ended, so that it switches between executions, never inside one. With Keras'
+        async batch ends this waits for that execution's end (its results), at every
+        execution while verifying only. True when the verifier may have switched something:
+        this execution is then timed from its own batch begin."""
+        if self._verify_state == "waiting":
+            if self.report is None or self.report_step is None or (
+                    self._analysis is not None and self._analysis.is_alive()):
+                return False
+            self._guard("verify", self._start_verification)
+            return False
+        prev = self._last
+        if prev is None or not prev.verifying:  # the fit's first execution: nothing to feed
+            return False
+        if not self._wait_done(prev):
+            self._fail("verify", f"no batch end for step {prev.g0} within "
+                                 f"{DRAIN_TIMEOUT_S:.0f} s")
+            if self._verifier is not None:
+                self._verifier.stop()
+                self._guard("verify", self._store_verification)
+            self._verify_state = "done"
+            return False
+        if prev.exec_ms is None:  # no honest figure for it: the state is kept one more
+            return False
+        return self._verify_drive(prev.exec_ms)
+
+    def _start_verification(self, settle_only: bool = False) -> None:
+        """The verifier, from the window's report; when nothing can be switched in this fit,
+        its section (every fix with its reason) is stored at once. ``settle_only``: only
+        that (the fit is ending; a later fit may run the trials). A failure of ours leaves
+        the verification done (off)."""
+        self._verify_state = "done"
+        verifier = self._make_verifier()
+        if verifier.settle_if_nothing_to_try():
+            self._verifier = verifier
+            self._store_verification()
+        elif settle_only:
+            self._verify_state = "waiting"
+        else:
+            self._verifier, self._verify_state = verifier, "running"
+
+    def _make_verifier(self) -> Any:
+        from .capture.verification import LoopVerifier, counted_after, plan_fixes
+
+        assert self.report is not None
+        report = self.report
+        plan = plan_fixes(report, self._verify, True, self._switch_for,
+                          lambda fix_id: counted_after(report, fix_id))
+        snapshot: Any = lambda: None  # noqa: E731
+        sync: Any = lambda: None  # noqa: E731
+        if self.backend == "torch":
+            from .capture import switches
+
+            snapshot = lambda: switches.snapshot(None, None)  # noqa: E731  backend flags
+            if self.gpu:
+                sync = self._fw.cuda.synchronize
+        return LoopVerifier(
+            plan, sync=sync, snapshot=snapshot, requested=[p.fix_id for p in plan[1:]],
+            max_seconds=self._verify_max_s,
+            warn=lambda msg: warnings.warn(msg, GpuProfWarning, stacklevel=4))
+
+    def _switch_for(self, fix_id: str) -> tuple[Any | None, str | None]:
+        """The in-place switch for ``fix_id`` on this backend, or why there is none."""
+        return keras_switch_for(self.backend or "", fix_id)
+
+    def _verification_step(self) -> int | None:
+        return self.report_step
 
     # -- the window --------------------------------------------------------------------------
 
@@ -402,6 +507,46 @@ class GpuProfCallback(keras.callbacks.Callback, HookCore):
             "batch_end_dispatch": None if self.batch_end_async is None else
             ("async" if self.batch_end_async else "sync"),
         })
+
+
+# Why a fix with an in-loop switch in a PyTorch loop cannot be switched inside a Keras fit
+KERAS_NOT_SWITCHABLE = {
+    "amp": ("the Keras dtype policy (mixed precision) is fixed when the layers are built: "
+            "switching it needs a new model"),
+    "channels_last": ("Keras layers' data_format is fixed when they are built: switching it "
+                      "needs a new model"),
+    "compile": ("Keras builds the train function once, at the fit's first step "
+                "(jit_compile): it cannot be switched between blocks of the running fit"),
+    "dispatch_overhead": ("Keras builds the train function once, at the fit's first step "
+                          "(jit_compile): it cannot be switched between blocks of the running "
+                          "fit"),
+}
+KERAS_TF32_NOT_SWITCHABLE = {
+    "jax": ("JAX's matmul precision (jax_default_matmul_precision) is fixed when the train "
+            "step is traced: it cannot be switched in the running fit"),
+    "tensorflow": ("TensorFlow's TF32 setting is not switched in a running fit: a train step "
+                   "compiled by XLA (jit_compile) keeps the precision it was compiled with"),
+}
+
+
+def keras_switch_for(backend: str, fix_id: str) -> tuple[Any | None, str | None]:
+    """(the in-place switch, None) or (None, why there is none) for a fix in a Keras fit: only
+    TF32 on the torch backend (the backend's matmul/cuDNN flags, capture/switches.Tf32Switch;
+    it reports itself unavailable without a CUDA GPU of compute capability 8.0 or later)."""
+    from .capture.verification import rule_switch
+
+    path, reason = rule_switch(fix_id)
+    if path is None:
+        return None, reason
+    if fix_id == "tf32":
+        if backend == "torch":
+            from .capture.switches import Tf32Switch
+
+            return Tf32Switch(None, None), None
+        return None, KERAS_TF32_NOT_SWITCHABLE.get(
+            backend, f"no TF32 switch for the Keras backend {backend!r}")
+    return None, KERAS_NOT_SWITCHABLE.get(
+        fix_id, f"{fix_id} has no in-place switch in a Keras fit")
 
 
 class _Window:
@@ -577,4 +722,4 @@ class _TorchWindow(_Window):
         return f"window_{self.first_step}_{self.last_step + 1}.pt.trace.json.gz"
 
 
-__all__ = ["GpuProfCallback", "GpuProfWarning"]
+__all__ = ["GpuProfCallback", "GpuProfWarning", "keras_switch_for"]

@@ -20,7 +20,6 @@ This module is named like the framework; ``torch`` itself is imported lazily via
 from __future__ import annotations
 
 import collections
-import copy
 import importlib
 import os
 import shutil
@@ -35,9 +34,9 @@ from .capture import torch_env as _torch_env
 from .capture import torch_memory, torch_oom
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
+from .capture.verification import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
+from .capture.verification import verify_options
 from .store import layout
-
-DEFAULT_VERIFY_MAX_S = 600.0  # verify=: the whole verification's time cap
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
 # (the GPU never lags that far behind in practice; this only bounds memory).
@@ -157,9 +156,8 @@ class GpuProfiler(HookCore):
         self.distributed: dict[str, Any] = {"rank": 0, "world_size": 1, "backend": None}
         self.model = model
         self.optimizer = optimizer
-        self._verify, self._verify_compile, self._verify_max_s = _verify_options(
+        self._verify, self._verify_compile, self._verify_max_s = verify_options(
             verify, verify_compile, verify_max_s)
-        self._verifier: Any = None  # capture/verification.LoopVerifier, while it runs
         self._verify_state = "waiting" if self._verify else "off"  # -> running -> done
         self._want = {"nvml": nvml, "nvtx": nvtx, "cuda_profiler_api": cuda_profiler_api,
                       "memory": memory, "scalars": scalars, "model_hooks": model_hooks}
@@ -674,51 +672,26 @@ class GpuProfiler(HookCore):
             self._verifier = self._guard("verify", self._make_verifier)
             self._verify_state = "running" if self._verifier is not None else "done"
             return False
-        verifier = self._verifier
-        try:
-            verifier.on_step(iteration_ms)
-        except Exception as e:  # a bug of ours: undo what is switched, stop verifying
-            self._fail("verify", e)
-            verifier.stop()
-        if verifier.done:
-            self._guard("verify", self._store_verification)
-            self._verifier, self._verify_state = None, "done"
-        return verifier.phase == "trial"
+        return self._verify_drive(iteration_ms)
 
     def _make_verifier(self) -> Any:
         from .capture import switches
-        from .capture.verification import LoopVerifier, plan_fixes
+        from .capture.verification import LoopVerifier, counted_after, plan_fixes, switch_for
 
         assert self.report is not None
         torch, model, optimizer = self._torch, self.model, self.optimizer
         report = self.report
         plan = plan_fixes(report, self._verify, self._verify_compile,
-                          lambda fix_id: _switch_for(fix_id, model, optimizer),
-                          lambda fix_id: _counted_after(report, fix_id))
+                          lambda fix_id: switch_for(fix_id, model, optimizer),
+                          lambda fix_id: counted_after(report, fix_id))
         return LoopVerifier(
             plan, sync=torch.cuda.synchronize if self.cuda else (lambda: None),
             snapshot=lambda: switches.snapshot(model, optimizer),
             requested=[p.fix_id for p in plan[1:]], max_seconds=self._verify_max_s,
             warn=lambda msg: warnings.warn(msg, GpuProfWarning, stacklevel=4))
 
-    def _store_verification(self) -> None:
-        """The report again, with what the loop measured; and the window's stored context,
-        so that a re-analysis keeps it (analysis/context.py)."""
-        from .analysis.verify import attach_verification
-        from .store.reader import read_context_beside
-        from .store.writer import save_context, traces_dir
-
-        verifier, self._verifier = self._verifier, None
-        if verifier is None or self.report is None or self.iter_stop is None:
-            return
-        section = verifier.section()
-        report = copy.deepcopy(self.report)
-        attach_verification(report, section)
-        step = self.iter_stop - 1
-        context = read_context_beside(os.path.join(traces_dir(self.run_dir, step, self.rank),
-                                                   "trace")) or {}
-        save_context(self.run_dir, step, {**context, "verification": section}, rank=self.rank)
-        self._store_report(report, step)
+    def _verification_step(self) -> int | None:
+        return None if self.iter_stop is None else self.iter_stop - 1
 
     def _not_unprofiled(self, step: int) -> bool:
         """Iterations whose period says nothing about the un-profiled loop: 0 (start-up), the
@@ -740,48 +713,6 @@ class GpuProfiler(HookCore):
             (self.iter_stop - 1) if self.report is not None and self.iter_stop is not None
             else None,
             {"distributed": dist})
-
-
-def _verify_options(verify: Any, verify_compile: Any, max_s: Any
-                    ) -> tuple[bool | list[str], bool, float]:
-    """verify=, verify_compile=, verify_max_s=, checked once (a TypeError/ValueError names
-    the bad one)."""
-    if not isinstance(verify, bool):
-        if isinstance(verify, str) or not all(isinstance(v, str) for v in verify):
-            raise TypeError(f"verify must be True, False or a list of fix ids, got {verify!r}")
-        verify = list(verify)
-    if not isinstance(verify_compile, bool):
-        raise TypeError(f"verify_compile must be True or False, got {verify_compile!r}")
-    if not max_s > 0:
-        raise ValueError(f"verify_max_s must be positive, got {max_s}")
-    return verify, verify_compile, float(max_s)
-
-
-def _switch_for(fix_id: str, model: Any, optimizer: Any) -> tuple[Any | None, str | None]:
-    """The in-loop switch the fix's rule names (analysis/rules: the rule owns it), or why
-    there is none."""
-    from .analysis.rules import rule
-
-    try:
-        r = rule(fix_id)
-    except KeyError as e:
-        return None, str(e).strip("'\"")
-    if r.switch is None:
-        return None, r.not_verifiable
-    module, name = r.switch.split(":")
-    return getattr(importlib.import_module(module), name)(model, optimizer), None
-
-
-def _counted_after(report: dict[str, Any], fix_id: str) -> str | None:
-    """The fix the report's predicted saving of ``fix_id`` is counted after (its rule's
-    Retiming.after, where that rule fired too), or None."""
-    from .analysis.rules import retimed
-
-    recs = {r["id"]: r for r in report.get("recommendations") or []}
-    estimator = retimed(fix_id)
-    if estimator is None or fix_id not in recs:
-        return None
-    return estimator.counted_after(recs[fix_id], set(recs))
 
 
 def close_or_warn(prof: GpuProfiler | None, exc: BaseException | None = None) -> None:

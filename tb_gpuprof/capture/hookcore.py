@@ -112,6 +112,10 @@ class HookCore:
         self.analysis_niceness: int | None = None
         # seconds of the last analysis's steps: the telemetry wait, the child (its own steps)
         self.analysis_timing: dict[str, Any] | None = None
+        # verify=: capture/verification.LoopVerifier while it runs; off | waiting | running |
+        # done (the hooks set "waiting" when asked to verify)
+        self._verifier: Any = None
+        self._verify_state = "off"
 
     def _memory_due(self, t: float) -> bool:
         """Whether to read the device's memory peaks at ``t`` (a reading costs tens of µs of
@@ -338,6 +342,48 @@ class HookCore:
         if self._writer is not None and self.trace_path is not None:
             self._writer.add_report(report, step=step)
         self.report = report
+
+    # -- verification (verify=, capture/verification.py) ------------------------------------
+
+    def _verify_drive(self, iteration_ms: float) -> bool:
+        """Hand one iteration's time to the running verifier; once it is done, store its
+        section. True while it is in its trials (it may have switched something: the hook's
+        own time is then not charged to the next iteration)."""
+        verifier = self._verifier
+        try:
+            verifier.on_step(iteration_ms)
+        except Exception as e:  # a bug of ours: undo what is switched, stop verifying
+            self._fail("verify", e)
+            verifier.stop()
+        if verifier.done:
+            self._guard("verify", self._store_verification)
+            self._verifier, self._verify_state = None, "done"
+        return bool(verifier.phase == "trial")
+
+    def _verification_step(self) -> int | None:
+        """The step the window's report (and its stored context) is at."""
+        return None
+
+    def _store_verification(self) -> None:
+        """The report again, with what the loop measured; and the window's stored context,
+        so that a re-analysis keeps it (analysis/context.py)."""
+        import copy
+
+        from ..analysis.verify import attach_verification
+        from ..store.reader import read_context_beside
+        from ..store.writer import save_context, traces_dir
+
+        verifier, self._verifier = self._verifier, None
+        step = self._verification_step()
+        if verifier is None or self.report is None or step is None:
+            return
+        section = verifier.section()
+        report = copy.deepcopy(self.report)
+        attach_verification(report, section)
+        context = read_context_beside(os.path.join(traces_dir(self.run_dir, step, self.rank),
+                                                   "trace")) or {}
+        save_context(self.run_dir, step, {**context, "verification": section}, rank=self.rank)
+        self._store_report(report, step)
 
     # -- run summary -------------------------------------------------------------------------
 

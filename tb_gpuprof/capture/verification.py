@@ -21,9 +21,10 @@ it is restored; training goes on. The whole verification is capped by ``max_seco
 
 from __future__ import annotations
 
+import importlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,22 @@ class LoopVerifier:
     @property
     def done(self) -> bool:
         return self.phase == "done"
+
+    def settle_if_nothing_to_try(self) -> bool:
+        """When no fix but the A/A control can be switched in this process, give each its
+        reason now and end at once (True): no iteration of the loop is spent on a noise run
+        and a control that would measure nothing. Otherwise nothing changes (False)."""
+        reasons: dict[str, str] = {}
+        for planned in self.plan:
+            if planned.fix_id == NULL_FIX:
+                continue
+            why = planned.reason if planned.switch is None else planned.switch.unavailable()
+            if planned.switch is not None and not why:
+                return False
+            reasons[planned.fix_id] = why or ""
+        self.results = {k: stats.not_verifiable(v) for k, v in reasons.items()}
+        self.plan, self.phase = [], "done"
+        return True
 
     def on_step(self, iteration_ms: float) -> None:
         """One iteration ended: record it, then set the fixes for the next one."""
@@ -277,6 +294,9 @@ class LoopVerifier:
         if self._current is not None and self._trial is not None:
             self._close_trial_quietly()  # what it measured so far (``stopped`` if too little)
         for planned in self.plan:
+            if planned.switch is None:  # it could never have been tried: say why
+                self.results[planned.fix_id] = stats.not_verifiable(planned.reason or "")
+                continue
             self.results[planned.fix_id] = VerifiedSaving(
                 status="stopped", verdict="not tried: the verification's time cap was reached",
                 reason=f"capped at {self.max_seconds:.0f} s")
@@ -342,6 +362,61 @@ def _within_noise(before: list[float], after: list[float]) -> bool | None:
     return abs(ma - mb) <= tolerance
 
 
+def verify_options(verify: Any, verify_compile: Any, max_s: Any
+                   ) -> tuple[bool | list[str], bool, float]:
+    """verify=, verify_compile=, verify_max_s= of the training hooks (PyTorch, Keras), checked
+    once, at construction: a TypeError/ValueError names the bad one."""
+    if not isinstance(verify, bool):
+        if isinstance(verify, (str, bytes)) or not isinstance(verify, Iterable):
+            raise TypeError(f"verify must be True, False or a list of fix ids, got {verify!r}")
+        verify = list(verify)
+        if not all(isinstance(v, str) and v for v in verify):
+            raise TypeError(f"verify must be True, False or a list of fix ids, got {verify!r}")
+    if not isinstance(verify_compile, bool):
+        raise TypeError(f"verify_compile must be True or False, got {verify_compile!r}")
+    if isinstance(max_s, bool) or not isinstance(max_s, (int, float)):
+        raise TypeError(f"verify_max_s must be a number of seconds, got {max_s!r}")
+    if not max_s > 0:
+        raise ValueError(f"verify_max_s must be positive, got {max_s}")
+    return verify, verify_compile, float(max_s)
+
+
+def rule_switch(fix_id: str) -> tuple[str | None, str | None]:
+    """(the ``"module:Class"`` of the in-loop switch the fix's rule names, None) or (None, why
+    there is none): analysis/rules owns it; an unknown id's reason names the known ones."""
+    from ..analysis.rules import rule
+
+    try:
+        r = rule(fix_id)
+    except KeyError as e:
+        return None, str(e).strip("'\"")
+    if r.switch is None:
+        return None, r.not_verifiable
+    return r.switch, None
+
+
+def switch_for(fix_id: str, model: Any, optimizer: Any) -> tuple[Any | None, str | None]:
+    """The PyTorch loop's switch for ``fix_id`` (built as ``Cls(model, optimizer)``), or why
+    there is none."""
+    path, reason = rule_switch(fix_id)
+    if path is None:
+        return None, reason
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)(model, optimizer), None
+
+
+def counted_after(report: dict[str, Any], fix_id: str) -> str | None:
+    """The fix the report's predicted saving of ``fix_id`` is counted after (its rule's
+    Retiming.after, where that rule fired too), or None."""
+    from ..analysis.rules import retimed
+
+    recs = {r["id"]: r for r in report.get("recommendations") or []}
+    estimator = retimed(fix_id)
+    if estimator is None or fix_id not in recs:
+        return None
+    return estimator.counted_after(recs[fix_id], set(recs))
+
+
 def plan_fixes(report: dict[str, Any], verify: bool | list[str], verify_compile: bool,
                make_switch: Callable[[str], tuple[Any | None, str | None]],
                counted_after: Callable[[str], str | None] = lambda fix_id: None,
@@ -376,4 +451,5 @@ def _compiles(fix_id: str) -> bool:
 
 
 __all__ = ["DEFAULT_MAX_SECONDS", "DEFAULT_TOP_FIXES", "NULL_FIX", "LoopVerifier",
-           "NullSwitch", "plan_fixes"]
+           "NullSwitch", "counted_after", "plan_fixes", "rule_switch", "switch_for",
+           "verify_options"]
