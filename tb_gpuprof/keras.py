@@ -37,8 +37,8 @@ from .capture import keras_env as _keras_env
 from .capture import torch_env as _torch_env
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
-from .capture.verification import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
-from .capture.verification import verify_options
+from .capture.verify_options import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
+from .capture.verify_options import verify_options
 from .store import layout
 
 STEP_MARKER = "train"  # name of the per-execution step range in the window's trace

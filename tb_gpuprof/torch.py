@@ -34,8 +34,8 @@ from .capture import torch_env as _torch_env
 from .capture import torch_memory, torch_oom
 from .capture.hookcore import GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
-from .capture.verification import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
-from .capture.verification import verify_options
+from .capture.verify_options import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
+from .capture.verify_options import verify_options
 from .store import layout
 
 # How many finished iterations may wait for their CUDA events before the oldest is dropped

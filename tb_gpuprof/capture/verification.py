@@ -24,16 +24,16 @@ from __future__ import annotations
 import importlib
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..analysis import verify as stats
 from ..analysis.schema import VerifiedSaving
+from .verify_options import DEFAULT_MAX_SECONDS, verify_options
 
 NULL_FIX = "aa"  # the A/A control's id in the report's ``verification.trials``
 DEFAULT_TOP_FIXES = 3  # verify=True: this many of the report's top fixes
-DEFAULT_MAX_SECONDS = 600.0  # the whole verification, noise and after-run included
 AFTER_TOLERANCE_FLOOR_PCT = 1.0  # "within the noise" is never asked tighter than this
 
 
@@ -360,25 +360,6 @@ def _within_noise(before: list[float], after: list[float]) -> bool | None:
     se = 1.25 * sigma * (1 / len(before) + 1 / len(after)) ** 0.5
     tolerance = max(3 * se, mb * AFTER_TOLERANCE_FLOOR_PCT / 100.0)
     return abs(ma - mb) <= tolerance
-
-
-def verify_options(verify: Any, verify_compile: Any, max_s: Any
-                   ) -> tuple[bool | list[str], bool, float]:
-    """verify=, verify_compile=, verify_max_s= of the training hooks (PyTorch, Keras), checked
-    once, at construction: a TypeError/ValueError names the bad one."""
-    if not isinstance(verify, bool):
-        if isinstance(verify, (str, bytes)) or not isinstance(verify, Iterable):
-            raise TypeError(f"verify must be True, False or a list of fix ids, got {verify!r}")
-        verify = list(verify)
-        if not all(isinstance(v, str) and v for v in verify):
-            raise TypeError(f"verify must be True, False or a list of fix ids, got {verify!r}")
-    if not isinstance(verify_compile, bool):
-        raise TypeError(f"verify_compile must be True or False, got {verify_compile!r}")
-    if isinstance(max_s, bool) or not isinstance(max_s, (int, float)):
-        raise TypeError(f"verify_max_s must be a number of seconds, got {max_s!r}")
-    if not max_s > 0:
-        raise ValueError(f"verify_max_s must be positive, got {max_s}")
-    return verify, verify_compile, float(max_s)
 
 
 def rule_switch(fix_id: str) -> tuple[str | None, str | None]:
