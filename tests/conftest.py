@@ -122,6 +122,28 @@ class TensorBoardProcess:
                 self.proc.wait(timeout=15)
 
 
+def wsgi_client(logdir: Path | str) -> Any:
+    """A werkzeug test client over TensorBoard's own WSGI app with this plugin, the data
+    provider built as ``--load_fast=false`` builds it (TensorBoard's Python loader)."""
+    from tensorboard import program
+    from tensorboard.backend import application
+    from tensorboard.backend.event_processing import data_ingester
+    from tensorboard.plugins.core import core_plugin
+    from werkzeug.test import Client
+
+    from tb_gpuprof.plugin.loader import GpuProfPluginLoader
+
+    plugins = [core_plugin.CorePluginLoader, GpuProfPluginLoader]
+    tb = program.TensorBoard(plugins=plugins)
+    tb.configure(argv=["tensorboard", "--logdir", str(logdir), "--load_fast=false",
+                       "--reload_interval=0", "--reload_task=blocking"])
+    ingester = data_ingester.LocalDataIngester(tb.flags)
+    ingester.start()
+    app = application.TensorBoardWSGIApp(tb.flags, plugins, ingester.data_provider, None,
+                                         ingester.deprecated_multiplexer)
+    return Client(app)
+
+
 def start_tensorboard(logdir: Path | str, *extra_args: str, log_dir: Path) -> TensorBoardProcess:
     """Start `tensorboard --logdir DIR --port 0` and return once it prints its URL."""
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -272,23 +272,9 @@ PREFIX = "/data/plugin/gpuprof"
 
 @pytest.fixture(scope="module")
 def client(logdir: Path):
-    from tensorboard import program
-    from tensorboard.backend import application
-    from tensorboard.backend.event_processing import data_ingester
-    from tensorboard.plugins.core import core_plugin
-    from werkzeug.test import Client
+    from tests.conftest import wsgi_client
 
-    from tb_gpuprof.plugin.loader import GpuProfPluginLoader
-
-    plugins = [core_plugin.CorePluginLoader, GpuProfPluginLoader]
-    tb = program.TensorBoard(plugins=plugins)
-    tb.configure(argv=["tensorboard", "--logdir", str(logdir), "--load_fast=false",
-                       "--reload_interval=0", "--reload_task=blocking"])
-    ingester = data_ingester.LocalDataIngester(tb.flags)
-    ingester.start()
-    app = application.TensorBoardWSGIApp(tb.flags, plugins, ingester.data_provider, None,
-                                         ingester.deprecated_multiplexer)
-    return Client(app)
+    return wsgi_client(logdir)
 
 
 def get_json(client: Any, route: str, **params: Any) -> tuple[int, Any]:

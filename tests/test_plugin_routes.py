@@ -11,29 +11,15 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-from tensorboard import program
-from tensorboard.backend import application
-from tensorboard.backend.event_processing import data_ingester
-from tensorboard.plugins.core import core_plugin
-from werkzeug.test import Client
 
-from tb_gpuprof.plugin.loader import GpuProfPluginLoader
-from tests.conftest import WINDOW_COUNT, WINDOW_RUN
+from tests.conftest import WINDOW_COUNT, WINDOW_RUN, run_cli, wsgi_client
 
 PREFIX = "/data/plugin/gpuprof"
 
 
 @pytest.fixture(scope="module")
 def client(gpuprof_logdir):
-    plugins = [core_plugin.CorePluginLoader, GpuProfPluginLoader]
-    tb = program.TensorBoard(plugins=plugins)
-    tb.configure(argv=["tensorboard", "--logdir", str(gpuprof_logdir.path), "--load_fast=false",
-                       "--reload_interval=0", "--reload_task=blocking"])
-    ingester = data_ingester.LocalDataIngester(tb.flags)
-    ingester.start()
-    app = application.TensorBoardWSGIApp(tb.flags, plugins, ingester.data_provider, None,
-                                         ingester.deprecated_multiplexer)
-    return Client(app)
+    return wsgi_client(gpuprof_logdir.path)
 
 
 def get(client, route, **params):
@@ -298,21 +284,10 @@ def test_timeline_route_gives_python_rows_for_a_with_stack_trace(client, kineto_
 def memory_client(tmp_path_factory):
     """A log directory holding one imported trace with allocator events (ResNet-50 AMP on the
     H200, about 40k events: its report keeps at most 2000 points of them)."""
-    from tests.conftest import run_cli
-
     logdir = tmp_path_factory.mktemp("memory_logdir")
     trace = Path(__file__).parent / "data" / "h200_ladders" / "resnet50_amp.json.gz"
-    run_cli("import", str(trace), "--logdir", str(logdir),
-            "--run", "mem")
-    plugins = [core_plugin.CorePluginLoader, GpuProfPluginLoader]
-    tb = program.TensorBoard(plugins=plugins)
-    tb.configure(argv=["tensorboard", "--logdir", str(logdir), "--load_fast=false",
-                       "--reload_interval=0", "--reload_task=blocking"])
-    ingester = data_ingester.LocalDataIngester(tb.flags)
-    ingester.start()
-    app = application.TensorBoardWSGIApp(tb.flags, plugins, ingester.data_provider, None,
-                                         ingester.deprecated_multiplexer)
-    return Client(app)
+    run_cli("import", str(trace), "--logdir", str(logdir), "--run", "mem")
+    return wsgi_client(logdir)
 
 
 def test_memory_route_downsamples_a_zoomed_range_again_from_the_raw_trace(memory_client):

@@ -190,9 +190,9 @@ def _memory_lines(section: dict[str, Any] | None, add: Callable[[str], None]) ->
     #memory), fragmentation and memory outside PyTorch."""
     if not section or not section.get("recorded"):
         return
-    devices = section.get("devices") or []
-    gpus = [d for d in devices if not str(d["device"]).startswith("cpu")]
-    for dev in gpus or devices:  # on a GPU run the host's allocations are the smaller story
+    from .memory import gpu_devices  # the trace analysis' modules: only with a memory section
+
+    for dev in gpu_devices(section) or section.get("devices") or []:
         peak = dev["peak"]
         add("")
         add(f"Memory at the peak on {dev['device']}: {_mib(peak['allocated_bytes'])} allocated"

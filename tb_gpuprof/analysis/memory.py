@@ -91,6 +91,13 @@ def memory_section(profile: Profile, windows: Sequence[IterationWindow],
     return section
 
 
+def gpu_devices(section: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The ``memory`` section's devices that are not the host's (on a GPU run the host's
+    allocations are the smaller story)."""
+    return [d for d in (section or {}).get("devices") or []
+            if not str(d.get("device", "")).startswith("cpu")]
+
+
 def _device_name(device_type: int, device_id: int) -> str:
     if device_type == _CUDA:
         return f"cuda:{device_id}"

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..model import OPTIMIZER, MemoryEvents, Profile
 from . import columns
+from .intervals import merge
 from .linking import is_backward_op
 
 PARAMETERS, GRADIENTS, OPTIMIZER_STATE = "parameters", "gradients", "optimizer_state"
@@ -170,22 +171,9 @@ def training_phases(profile: Profile) -> TrainingPhases:
     is_bwd = np.fromiter((n in backward_names for n in names), bool, len(ops))
     start = columns.floats(ops, "start_us")
     end = start + columns.floats(ops, "dur_us")
-    pieces = _union(start[is_bwd], end[is_bwd])
+    pieces = merge(zip(start[is_bwd].tolist(), end[is_bwd].tolist(), strict=True))
     return TrainingPhases(_join_passes(pieces, _splitting_starts(ops, start, is_bwd, pieces)),
                           steps)
-
-
-def _union(starts: np.ndarray, ends: np.ndarray) -> list[tuple[float, float]]:
-    """The union of [start, end] ranges as disjoint pieces in time order."""
-    order = np.argsort(starts, kind="stable")
-    pieces: list[tuple[float, float]] = []
-    for s, e in zip(starts[order].tolist(), ends[order].tolist(), strict=True):
-        if pieces and s <= pieces[-1][1]:
-            if e > pieces[-1][1]:
-                pieces[-1] = (pieces[-1][0], e)
-        else:
-            pieces.append((s, e))
-    return pieces
 
 
 def _splitting_starts(ops: Sequence[Any], start: np.ndarray, is_bwd: np.ndarray,

@@ -199,6 +199,11 @@ class PageErrors(list):
 @pytest.fixture
 def page(browser: Any, server: Server) -> Iterator[Any]:
     """A fresh page on the plugin document; fails the test on any uncaught script error."""
+    yield from plugin_page(browser, server)
+
+
+def plugin_page(browser: Any, server: Server) -> Iterator[Any]:
+    """:func:`page` for another module's server: ``yield from plugin_page(browser, srv)``."""
     context = browser.new_context(viewport={"width": 1440, "height": 900})
     pg = context.new_page()
     errors = PageErrors()

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import wait_until
 
-from .conftest import Server, chromium_or_skip, runs_loaded, screenshot
+from .conftest import Server, chromium_or_skip, plugin_page, runs_loaded, screenshot
 from .dom import DASH, eventually, fmt_ms, fmt_num, fmt_pct, open_tab, select_run
 from .test_memory_view import fmt_bytes
 
@@ -61,15 +61,7 @@ def parts_server(tmp_path_factory: pytest.TempPathFactory, tensorboard_factory: 
 
 @pytest.fixture
 def parts_page(browser: Any, parts_server: Server) -> Any:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(parts_server.plugin_url)
-    pg.wait_for_selector("[data-testid=gpuprof-root]")
-    yield pg
-    context.close()
-    assert not errors, f"uncaught errors in the dashboard: {errors}"
+    yield from plugin_page(browser, parts_server)
 
 
 def _open_memory(page: Any, run: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import fixture_path, run_cli, wait_until
 
-from .conftest import Server, chromium_or_skip, runs_loaded, screenshot
+from .conftest import Server, chromium_or_skip, plugin_page, runs_loaded, screenshot
 from .dom import DASH, eventually, fmt_num, open_tab, select_run
 from .kineto_synth import HOSTILE_KERNEL, SynthKernel, write_kineto_trace
 
@@ -78,15 +78,7 @@ def mem_server(tmp_path_factory: pytest.TempPathFactory, tensorboard_factory: An
 
 @pytest.fixture
 def mem_page(browser: Any, mem_server: Server) -> Any:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = context.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.goto(mem_server.plugin_url)
-    pg.wait_for_selector("[data-testid=gpuprof-root]")
-    yield pg
-    context.close()
-    assert not errors, f"uncaught errors in the dashboard: {errors}"
+    yield from plugin_page(browser, mem_server)
 
 
 def _open_memory(page: Any, run: str) -> None:

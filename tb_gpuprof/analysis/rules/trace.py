@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from ..bottleneck import COMPILED_KERNEL_PREFIXES
+from ..memory import gpu_devices
 from ..memory_parts import batch_headroom
 from ..whatif import PINNED_H2D_BYTES_PER_US, SPEEDUPS, Fix, Replay, SimKernel
 from .build import recommendation
@@ -594,8 +595,7 @@ def rule_batch_size(report: dict[str, Any]) -> dict[str, Any] | None:
     problem = (f"The GPU is busy only {round(busy_pct, 1)}% of each iteration and the job uses "
                f"{round(100 * frac, 1)}% of GPU memory: larger batches amortize launch and "
                "host overhead over more work per kernel.")
-    gpus = [d for d in (report.get("memory") or {}).get("devices") or []
-            if not str(d.get("device", "")).startswith("cpu")]
+    gpus = gpu_devices(report.get("memory"))
     fits = batch_headroom(gpus[0], total) if len(gpus) == 1 else None
     if fits is not None and fits >= 1.0:
         evidence["batch_fits_times"] = round(fits, 2)
