@@ -1,4 +1,7 @@
-"""Cost of the PyTorch hook on ResNet-50 AMP fp16 + channels_last (run on the GPU).
+"""Cost of the PyTorch hook on ResNet-50 AMP fp16 + channels_last, a GPU-bound loop, and
+(``--model gpt2``) on an eager GPT-2 at batch 1 x 64, a launch-bound one whose host dispatch
+sets the iteration time, with ``model=`` given so the forward pre-hook runs every iteration
+(run on the GPU).
 
 Two measurements, each A/B interleaved in one process (ABBA order against drift), blocks of
 ``--block`` iterations timed with CUDA events (one sync after each block, in the harness):
@@ -12,6 +15,7 @@ Two measurements, each A/B interleaved in one process (ABBA order against drift)
 Prints the ratios (hook / bare; 1.01 = 1 % slower) and writes ``--out`` as JSON.
 
     python3 benchmarks/bench_torch_overhead.py --out $OUT/torch/bench_torch_overhead.json
+    python3 benchmarks/bench_torch_overhead.py --model gpt2 --out $OUT/torch/gpt2.json
     python3 benchmarks/bench_torch_overhead.py --device cpu --tiny     # smoke test
 """
 
@@ -75,6 +79,27 @@ def make_train_step(model, device: str, batch: int, image: int):
     return train_step
 
 
+def make_lm_step(device: str, tiny: bool) -> tuple[torch.nn.Module, object]:
+    """An eager HF GPT-2 (6 layers of 512; 2 of 64 with --tiny) trained with AdamW at batch
+    1 x 64 in FP32: hundreds of small kernels an iteration, so the host's dispatch, and any
+    per-iteration work of the hook, sets the pace."""
+    import transformers
+
+    cfg = transformers.GPT2Config(n_layer=2 if tiny else 6, n_embd=64 if tiny else 512,
+                                  n_head=4 if tiny else 8, vocab_size=512 if tiny else 50257,
+                                  n_positions=128)
+    model = transformers.GPT2LMHeadModel(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (1, 64), device=device)
+
+    def train_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+
+    return model, train_step
+
+
 def timed_block(train_step, n: int, device: str, prof: GpuProfiler | None = None) -> float:
     """Mean ms per iteration of ``n`` iterations (the harness syncs once, after the block)."""
     if device == "cuda":
@@ -108,6 +133,9 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=12, help="A/B block pairs per measurement")
     ap.add_argument("--block", type=int, default=20, help="iterations per block")
     ap.add_argument("--window", type=int, default=5)
+    ap.add_argument("--model", choices=("resnet", "gpt2"), default="resnet",
+                    help="resnet: GPU-bound (the maintained figure); gpt2: launch-bound, "
+                    "with model= given to the hook")
     args = ap.parse_args()
     require_store_deps()
     if args.tiny:
@@ -115,8 +143,13 @@ def main() -> int:
     batch, image = (8, 32) if args.tiny else (256, 224)
     torch.backends.cudnn.benchmark = True
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    model = build_model(args.tiny).to(args.device).to(memory_format=torch.channels_last)
-    train_step = make_train_step(model, args.device, batch, image)
+    if args.model == "gpt2":
+        batch = 1
+        model, train_step = make_lm_step(args.device, args.tiny)
+    else:
+        model = build_model(args.tiny).to(args.device).to(memory_format=torch.channels_last)
+        train_step = make_train_step(model, args.device, batch, image)
+    hooked = {"model": model} if args.model == "gpt2" else {}  # resnet: the figure as kept
     logdir = tempfile.mkdtemp(prefix="bench_torch_overhead_")
     timed_block(train_step, 2 * args.block, args.device)  # warm-up, cudnn autotuning
 
@@ -129,7 +162,7 @@ def main() -> int:
             if mode == "bare":
                 ms[mode] = timed_block(train_step, args.block, args.device)
             else:
-                prof = GpuProfiler(os.path.join(logdir, "always_on")).start()
+                prof = GpuProfiler(os.path.join(logdir, "always_on"), **hooked).start()
                 ms[mode] = timed_block(train_step, args.block, args.device, prof)
                 prof.close()
         always_on.append((ms["bare"], ms["hook"]))
@@ -154,7 +187,8 @@ def main() -> int:
     prof.close()
     result = {
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-        "torch": torch.__version__, "batch": batch, "block_iterations": args.block,
+        "torch": torch.__version__, "model": args.model, "batch": batch,
+        "block_iterations": args.block,
         "always_on": summarize(always_on),
         "after_window_analysis_running": summarize(during) if during else None,
         "after_window_analysis_done": summarize(after) if after else None,
