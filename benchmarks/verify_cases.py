@@ -60,8 +60,9 @@ def fixes(case: str) -> tuple[str, ...]:
     return CASES[case] + (("compile",) if case in COMPILE_CASES else ())
 
 
-def build(case: str, smoke: bool) -> tuple[Any, Any, Any]:
-    """(model, optimizer, step function) of a case, on the GPU (CPU with --smoke)."""
+def build(case: str, smoke: bool, batch_size: int | None = None) -> tuple[Any, Any, Any]:
+    """(model, optimizer, step function) of a case, on the GPU (CPU with --smoke);
+    ``batch_size``: the LM and image cases' batch instead of their own."""
     import torch
 
     dev = "cpu" if smoke else "cuda"
@@ -92,6 +93,7 @@ def build(case: str, smoke: bool) -> tuple[Any, Any, Any]:
                 r=16, lora_alpha=32, target_modules=["c_attn", "c_proj"], fan_in_fan_out=True))
         model = model.to(dev)
         batch, seq = (2, 32) if smoke else (8, 512)
+        batch = batch_size or batch
         ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=dev)
 
         def lm_step(m: Any, opt: Any) -> None:
@@ -123,7 +125,7 @@ def build(case: str, smoke: bool) -> tuple[Any, Any, Any]:
 
         name = "resnet50" if case == "resnet" else "vit_base_patch16_224"
         model = timm.create_model(name, pretrained=False, num_classes=1000).to(dev)
-        batch = 2 if smoke else 64
+        batch = batch_size or (2 if smoke else 64)
         x = torch.randn(batch, 3, 224, 224, device=dev)
         y = torch.randint(0, 1000, (batch,), device=dev)
 
@@ -252,10 +254,13 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
     with GpuProfiler(run, iter_start=10, iter_stop=12, model=model, optimizer=opt,
                      verify=list(fixes(case)) if max_s > 0 else False, verify_max_s=max(max_s, 1.0),
                      verify_compile=case in COMPILE_CASES) as prof:
+        at_window: dict[str, Any] = {}
         while its < 6000:
             step(model, opt)
             prof.step()
             its += 1
+            if its in (10, 12):  # the window's edges: the allocator's own figures
+                at_window.update(_allocator_edge(its == 10))
             if its == 13:
                 prof.wait()
             if prof._verify_state == "done" or (max_s <= 0 and its > 13):
@@ -272,7 +277,9 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
         shutil.make_archive(run, "gztar", os.path.dirname(run), os.path.basename(run))
         shutil.rmtree(run, ignore_errors=True)
     return {"iterations": its, "seconds": time.perf_counter() - t0,
-            "memory_truth": _memory_truth(model, opt), "memory_peak_parts": [
+            "memory_truth": _memory_truth(model, opt),
+            "fragmentation_check": _fragmentation_check(at_window, report),
+            "memory_peak_parts": [
                 d.get("peak_parts") for d in (report.get("memory") or {}).get("devices", [])],
             "verification": report.get("verification"),
             "recommendations": [{k: r.get(k) for k in (
@@ -298,6 +305,42 @@ def _memory_truth(model: Any, opt: Any) -> dict[str, Any]:
             "allocated_bytes.all.current", "reserved_bytes.all.current",
             "allocated_bytes.all.peak", "inactive_split_bytes.all.current")})
     return truth
+
+
+def _allocator_edge(start: bool) -> dict[str, Any]:
+    """At the window's start: the reserve, then the peaks reset (the benchmark's own state, not
+    the hook's); at its end: the peaks over the window and the reserve now."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    torch.cuda.synchronize()
+    stats = torch.cuda.memory_stats()
+    if start:
+        torch.cuda.reset_peak_memory_stats()
+        return {"reserved_at_start": stats.get("reserved_bytes.all.current"),
+                "segments_at_start": stats.get("segment.all.current")}
+    return {k.replace(".all.", "_").replace("_bytes", ""): stats.get(k) for k in (
+        "allocated_bytes.all.peak", "reserved_bytes.all.peak", "reserved_bytes.all.current",
+        "segment.all.current", "num_alloc_retries")}
+
+
+def _fragmentation_check(at: dict[str, Any], report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's reserved-but-unallocated bytes at the window's peak against the allocator's
+    own: where the reserve stayed the same through the window (no segment added or released),
+    the reserve at the peak is known, and the allocation at the peak is the window's
+    ``allocated_bytes.all.peak``."""
+    if not at.get("reserved_at_start"):
+        return None
+    constant = at["reserved_at_start"] == at.get("reserved_peak") == at.get("reserved_current")
+    measured = at["reserved_current"] - at["allocated_peak"] if constant else None
+    devices = (report.get("memory") or {}).get("devices") or []
+    parts = next((d.get("peak_parts") for d in devices if d.get("peak_parts")), None) or {}
+    reported = (parts.get("fragmentation") or {}).get("bytes")
+    return {**at, "reserve_constant": constant, "measured_bytes": measured,
+            "reported_bytes": reported, "reported_allocated_bytes": parts.get("allocated_bytes"),
+            "difference_bytes": None if measured is None or reported is None
+            else reported - measured}
 
 
 def _child(args: list[str], timeout: float) -> dict[str, Any]:

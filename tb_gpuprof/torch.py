@@ -310,17 +310,18 @@ class GpuProfiler(HookCore):
         self._begin_iteration(time.perf_counter())
 
     def _install_model_hooks(self) -> None:
-        def pre_hook(module: Any, args: Any) -> None:
+        def pre_hook(module: Any, args: Any, kwargs: Any) -> None:
             try:
                 self.batch_ready()
-                if not self._wrapping:
-                    self._batch_size = torch_oom.batch_size_of(args)
+                if not self._wrapping:  # HF models take their batch as keywords (input_ids=)
+                    self._batch_size = torch_oom.batch_size_of(args) if args else \
+                        torch_oom.batch_size_of_keywords(kwargs)
                 if self._window is not None and self._autocast is None:
                     self._autocast = _torch_env.autocast_state(self._torch)
             except Exception as e:  # a hook must never raise into the model
                 self._fail("model_hooks", e)
 
-        self._hooks.append(self.model.register_forward_pre_hook(pre_hook))
+        self._hooks.append(self.model.register_forward_pre_hook(pre_hook, with_kwargs=True))
 
     def close(self) -> None:
         """End the last iteration's bookkeeping, finish the window's analysis, flush."""

@@ -178,6 +178,40 @@ def test_the_batch_size_is_read_from_the_batch() -> None:
     assert torch_oom.batch_size_of([]) is None and torch_oom.batch_size_of(3) is None
 
 
+def test_a_model_called_with_keywords_gives_its_batch_size(tmp_path) -> None:
+    """HF models take their batch as keywords (``model(input_ids=..., labels=...)``): the
+    report still knows the failing step's batch size and predicts from it."""
+
+    class Keywords(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(50, 16)
+            self.head = torch.nn.Linear(16, 50)
+
+        def forward(self, *, input_ids, labels):
+            logits = self.head(self.embed(input_ids))
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    model = Keywords()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with pytest.raises(torch.cuda.OutOfMemoryError), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with GpuProfiler(str(tmp_path / "run"), model=model, optimizer=opt) as prof:
+            for i in range(3):
+                ids = torch.randint(0, 50, (13, 5))
+                loss = model(input_ids=ids, labels=ids)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if i == 2:
+                    raise torch.cuda.OutOfMemoryError(MESSAGE)
+                prof.step()
+    report = json.load(open(prof.oom_report_path))
+    assert report["batch_size"] == 13
+    assert torch_oom.batch_size_of_keywords({"return_dict": True, "x": torch.zeros(4, 2)}) == 4
+    assert torch_oom.batch_size_of_keywords({"return_dict": True}) is None
+
+
 # -- the pure function, by hand -----------------------------------------------------------------
 
 def _tensors(params: int, grads: int, state: int) -> dict:

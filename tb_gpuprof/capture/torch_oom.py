@@ -99,5 +99,14 @@ def batch_size_of(batch: Any) -> int | None:
     return n if isinstance(n, int) else None
 
 
-__all__ = ["allocator_at_failure", "batch_size_of", "capture", "is_out_of_memory",
-           "model_facts"]
+def batch_size_of_keywords(kwargs: dict[str, Any] | None) -> int | None:
+    """The leading dimension of the first keyword argument that is a tensor with one (an HF
+    model's ``input_ids=``, ``pixel_values=``); None when there is none."""
+    for value in (kwargs or {}).values():
+        if getattr(value, "shape", None) is not None:
+            return batch_size_of(value)
+    return None
+
+
+__all__ = ["allocator_at_failure", "batch_size_of", "batch_size_of_keywords", "capture",
+           "is_out_of_memory", "model_facts"]
