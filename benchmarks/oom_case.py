@@ -73,7 +73,7 @@ def record(case: str, out: str, batch: int, fail_batch: int, smoke: bool) -> dic
     total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() \
         else None
     for d in ((prof.report or {}).get("memory") or {}).get("devices") or ():
-        if d.get("peak_parts"):
+        if d.get("peak_parts") and str(d.get("device")).startswith("cuda"):
             headroom = memory_parts.batch_headroom(d, total)
     advice = next((a for a in (oom or {}).get("advice") or () if a["fix"] == "batch_size"), {})
     return {"error": error, "oom_report": prof.oom_report_path,

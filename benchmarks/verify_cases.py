@@ -251,7 +251,10 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
     run = os.path.join(out, "runs", case)
     t0 = time.perf_counter()
     its = 0
+    # --max-s 0 (the recording alone): no always-on memory readings, which reset the
+    # allocator's peak statistics (docs/pytorch.md), so the window's own peak can be read
     with GpuProfiler(run, iter_start=10, iter_stop=12, model=model, optimizer=opt,
+                     memory=max_s > 0,
                      verify=list(fixes(case)) if max_s > 0 else False, verify_max_s=max(max_s, 1.0),
                      verify_compile=case in COMPILE_CASES) as prof:
         at_window: dict[str, Any] = {}
@@ -329,8 +332,9 @@ def _fragmentation_check(at: dict[str, Any], report: dict[str, Any]) -> dict[str
     """The report's reserved-but-unallocated bytes at the window's peak against the allocator's
     own: where the reserve stayed the same through the window (no segment added or released),
     the reserve at the peak is known, and the allocation at the peak is the window's
-    ``allocated_bytes.all.peak``."""
-    if not at.get("reserved_at_start"):
+    ``allocated_bytes.all.peak`` (with --max-s 0 only: the hook's always-on memory readings
+    reset the peak statistics at iteration ends)."""
+    if not at.get("reserved_at_start") or not at.get("allocated_peak"):
         return None
     constant = at["reserved_at_start"] == at.get("reserved_peak") == at.get("reserved_current")
     measured = at["reserved_current"] - at["allocated_peak"] if constant else None

@@ -258,6 +258,51 @@ def test_a_measured_peak_predicts_the_largest_batch() -> None:
     assert report["allocator"]["largest_free_block_bytes"] == 512 * MIB
 
 
+def test_a_window_peak_predicts_from_its_own_parts_at_the_allocators_packing() -> None:
+    """The window at batch 4 peaked at 10 GiB allocated, 12.5 GiB reserved (packing 0.8):
+    1 GiB parameters, 2 GiB optimizer state, no gradients live at that peak (the forward
+    after zero_grad), 6 GiB activations + 1 GiB temporaries (7 / 4 = 1.75 GiB per sample).
+    Usable: (20 reserved + 2 free) * 0.8 = 17.6 GiB; (17.6 - 3) / 1.75 = 8.34 -> 8. Steady
+    gradients, counted as fixed with the per-iteration peak alone, say 12, capped at 11."""
+    parts = {"allocated_bytes": 10 * GIB, "uncounted_bytes": 0,
+             "fragmentation": {"bytes": 5 * GIB // 2},
+             "parts": [{"part": "parameters", "bytes": GIB}, {"part": "gradients", "bytes": 0},
+                       {"part": "optimizer_state", "bytes": 2 * GIB},
+                       {"part": "activations", "bytes": 6 * GIB},
+                       {"part": "temporaries", "bytes": GIB}]}
+    report = oom.oom_report(
+        error_type="torch.OutOfMemoryError", message="CUDA out of memory. Tried to allocate "
+        "3.00 GiB.", step=9, device="cuda:0",
+        allocator={"reserved_bytes": 20 * GIB, "allocated_bytes": 19 * GIB,
+                   "inactive_split_bytes": 0, "largest_free_block_bytes": 512 * MIB,
+                   "segments": 40, "device_free_bytes": 2 * GIB,
+                   "device_total_bytes": 24 * GIB},
+        tensors=_tensors(GIB, GIB, 2 * GIB),
+        model={"trainable_parameter_bytes": GIB, "parameter_dtypes": ["torch.float32"],
+               "optimizer": "AdamW", "parametrized_modules": 16},
+        batch_size=12, window={"peak_parts": parts, "batch_size": 4, "step": 3})
+    assert report["per_sample_basis"] == "window_peak"
+    assert report["per_sample_bytes"] == round(1.75 * GIB)
+    assert report["prediction_fixed_bytes"] == 3 * GIB
+    assert report["allocator_packing"] == 0.8
+    assert report["usable_bytes"] == round(22 * GIB * 0.8)
+    advice = {a["fix"]: a for a in report["advice"]}
+    assert advice["batch_size"]["largest_batch_size"] == 8
+    assert report["predicted_demand_bytes"] == 3 * GIB + 12 * round(1.75 * GIB)
+    # without the window: the steady fixed parts (1 + 1 + 2 GiB), no packing: (22 - 4) / 1.5
+    history = [{"step": 3, "batch_size": 4, "allocated_bytes": 10 * GIB}]
+    plain = oom.oom_report(
+        error_type="torch.OutOfMemoryError", message=report["error"]["message"], step=9,
+        device="cuda:0", allocator={"reserved_bytes": 20 * GIB, "allocated_bytes": 19 * GIB,
+                                    "device_free_bytes": 2 * GIB},
+        tensors=_tensors(GIB, GIB, 2 * GIB), model={"trainable_parameter_bytes": GIB,
+                                                     "optimizer": "AdamW"},
+        batch_size=12, history=history)
+    # (10 - 4) / 4 = 1.5 GiB per sample, (22 - 4) / 1.5 = 12: yet 12 failed, so 11 (a note)
+    assert {a["fix"]: a for a in plain["advice"]}["batch_size"]["largest_batch_size"] == 11
+    assert plain["allocator_packing"] == 1.0 and any("yet it failed" in n for n in plain["notes"])
+
+
 def test_fragmentation_as_large_as_the_request_advises_expandable_segments() -> None:
     report = oom.oom_report(
         error_type="torch.OutOfMemoryError", message="CUDA out of memory. Tried to allocate "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 OOM_REPORT_VERSION = 1
 # Optimizer state tensors per parameter (each as large as its parameter), by class name, for
@@ -95,13 +95,14 @@ def oom_report(*, error_type: str, message: str, step: int | None, device: str |
     at_failure = _first(parsed["pytorch_allocated_bytes"], state["allocated_bytes"])
     budget = _budget(parsed, alloc)
     peak = _last_peak(window, history, held, at_failure, requested, batch_size)
-    per_sample, basis, bound = _per_sample(window, history, fixed, at_failure, requested,
-                                           batch_size, notes)
-    demand = fixed["total"] + per_sample * batch_size \
-        if per_sample is not None and batch_size else None
-    activations = per_sample * batch_size if per_sample is not None and batch_size else None
-    advice = _advice(state, fixed, per_sample, batch_size, activations, demand, budget,
-                     requested, bound, model, autocast, notes)
+    basis = _per_sample(window, history, fixed, at_failure, requested, batch_size, notes)
+    demand = activations = None
+    if basis is not None and batch_size:
+        activations = basis.per_sample * batch_size
+        demand = basis.fixed + activations
+    usable = None if budget is None else budget * (basis.packing if basis else 1.0)
+    advice = _advice(state, fixed, basis, batch_size, activations, demand, usable,
+                     requested, model, autocast, notes)
     return {
         "version": OOM_REPORT_VERSION,
         "error": {"type": error_type, "message": message},
@@ -114,8 +115,11 @@ def oom_report(*, error_type: str, message: str, step: int | None, device: str |
         "last_peak": peak,
         "largest_part": peak["largest_part"] if peak else None,
         "fixed_bytes": fixed,
-        "per_sample_bytes": None if per_sample is None else round(per_sample),
-        "per_sample_basis": basis,
+        "per_sample_bytes": None if basis is None else round(basis.per_sample),
+        "per_sample_basis": None if basis is None else basis.source,
+        "prediction_fixed_bytes": None if basis is None else round(basis.fixed),
+        "allocator_packing": None if basis is None else round(basis.packing, 4),
+        "usable_bytes": None if usable is None else round(usable),
         "predicted_demand_bytes": None if demand is None else round(demand),
         "advice": advice,
         "notes": notes,
@@ -248,53 +252,76 @@ def _peak(source: str, total: int | None, parts: list[tuple[str, int | None]],
             else None}
 
 
-def _per_sample(window: dict[str, Any] | None, history: Sequence[dict[str, Any]],
-                fixed: dict[str, Any], at_failure: int | None, requested: int | None,
-                batch_size: int | None, notes: list[str]
-                ) -> tuple[float | None, str | None, str | None]:
-    """Bytes per sample beyond the fixed parts, its basis, and whether it is measured
-    (``"measured"``) or a lower bound from the failure alone (``"at_least"``). A measured peak
-    and the failure's lower bound: the larger (the failing batch may need more per sample
-    than the smaller one measured)."""
-    measured: list[tuple[float, str]] = []
+class _Basis(NamedTuple):
+    """What the prediction stands on: the bytes per sample, the bytes that do not grow with
+    the batch, the allocator's packing (allocated / reserved at the measured peak: the share
+    of its reserve it can fill), where they come from and whether they are measured."""
+
+    per_sample: float
+    fixed: float
+    packing: float
+    source: str
+    bound: str
+
+
+def _window_basis(window: dict[str, Any] | None) -> _Basis | None:
+    """From the window's decomposed peak: activations and temporaries grow with the batch,
+    the rest of that peak (parameters, the gradients and optimizer state live at it, what
+    predates the window) does not; its reserved-but-unallocated bytes give the packing."""
     pp = (window or {}).get("peak_parts")
     wb = (window or {}).get("batch_size")
-    if pp and wb and pp.get("allocated_bytes") is not None:
-        total = pp["allocated_bytes"] + (pp.get("uncounted_bytes") or 0)
-        measured.append(((total - fixed["total"]) / wb, "window_peak"))
-    for h in history:
-        if h.get("batch_size") and h.get("allocated_bytes") is not None:
-            measured.append(((h["allocated_bytes"] - fixed["total"]) / h["batch_size"],
-                             "iteration_peaks"))
-    measured = [m for m in measured if m[0] > 0]
-    lower = None
-    if at_failure is not None and batch_size:
-        held_now = sum(v or 0 for v in fixed["held_now"].values())
-        lower = (at_failure + (requested or 0) - held_now) / batch_size
-        if lower <= 0:
-            lower = None
+    if not pp or not wb or pp.get("allocated_bytes") is None:
+        return None
+    by = {p["part"]: p.get("bytes") or 0 for p in pp.get("parts") or ()}
+    growing = by.get("activations", 0) + by.get("temporaries", 0)
+    if growing <= 0:
+        return None
+    allocated = pp["allocated_bytes"]
+    frag = (pp.get("fragmentation") or {}).get("bytes")
+    packing = allocated / (allocated + frag) if frag is not None and allocated > 0 else 1.0
+    total = allocated + (pp.get("uncounted_bytes") or 0)
+    return _Basis(growing / wb, total - growing, packing, "window_peak", "measured")
+
+
+def _per_sample(window: dict[str, Any] | None, history: Sequence[dict[str, Any]],
+                fixed: dict[str, Any], at_failure: int | None, requested: int | None,
+                batch_size: int | None, notes: list[str]) -> _Basis | None:
+    """The basis of the prediction: of the measured peaks (the window's decomposition, the
+    always-on per-iteration peaks beyond the steady fixed parts), the one that asks the most
+    at the failing batch size; the failure's lower bound (the step needed at least what the
+    allocator held and asked for) where it asks more (``bound``: ``"at_most"``)."""
     if not batch_size:
         notes.append("the batch size is not known (the hook reads it from the batches "
                       "prof.wrap() yields or the model's forward receives): no batch size "
                       "is predicted")
-        return None, None, None
+        return None
+    measured = [b for b in [_window_basis(window)] if b is not None]
+    for h in history:
+        if h.get("batch_size") and h.get("allocated_bytes") is not None:
+            measured.append(_Basis((h["allocated_bytes"] - fixed["total"]) / h["batch_size"],
+                                   fixed["total"], 1.0, "iteration_peaks", "measured"))
+    measured = [m for m in measured if m.per_sample > 0]
+    lower = None
+    if at_failure is not None:
+        held_now = sum(v or 0 for v in fixed["held_now"].values())
+        ps = (at_failure + (requested or 0) - held_now) / batch_size
+        lower = _Basis(ps, fixed["total"], 1.0, "failure", "at_most") if ps > 0 else None
     if measured:
-        best, basis = max(measured)
-        if lower is not None and lower > best:
-            return lower, "failure", "at_most"
-        return best, basis, "measured"
+        best = max(measured, key=lambda b: b.fixed + b.per_sample * batch_size)
+        if lower is not None and lower.per_sample > best.per_sample:
+            return lower
+        return best
     if lower is not None:
         notes.append("no peak was measured before the failure: the bytes per sample are a "
                       "lower bound (the step needed at least what the allocator held and "
                       "asked for), so the largest batch predicted is an upper bound; run a "
                       "few iterations at a smaller batch size first for a measured one")
-        return lower, "failure", "at_most"
-    return None, None, None
+    return lower
 
 
-def _advice(state: dict[str, Any], fixed: dict[str, Any], per_sample: float | None,
+def _advice(state: dict[str, Any], fixed: dict[str, Any], basis: _Basis | None,
             batch_size: int | None, activations: float | None, demand: float | None,
-            budget: int | None, requested: int | None, bound: str | None,
+            budget: float | None, requested: int | None,
             model: dict[str, Any] | None, autocast: str | None,
             notes: list[str]) -> list[dict[str, Any]]:
     """Each fix with its predicted saving at the failing batch size and whether the step
@@ -313,25 +340,10 @@ def _advice(state: dict[str, Any], fixed: dict[str, Any], per_sample: float | No
                     else round(saving), "fits": None if saving is None else fits(saving),
                     "estimate": estimate, "detail": detail, **extra})
 
-    if per_sample is not None and batch_size and budget is not None:
-        room = budget - fixed["total"]
-        largest = math.floor(room / per_sample) if room > 0 else 0
-        if largest >= batch_size:  # it failed at batch_size: not the batch's size alone
-            if bound == "measured":
-                notes.append(f"the peak measured says batch size {batch_size} fits, yet it failed: "
-                             "more than the batch grew (a longer input, a leak, "
-                             "fragmentation)")
-            largest = batch_size - 1
-        saving = per_sample * max(batch_size - largest, 0)
-        add("batch_size", saving,
-            f"batch size {batch_size} -> {largest}: {_gib(per_sample)} per sample beyond "
-            f"the fixed {_gib(fixed['total'])} (parameters, gradients, optimizer state) in "
-            f"a budget of {_gib(budget)}" + (" (at most: the bytes per sample are a lower "
-                                             "bound)" if bound == "at_most" else ""),
-            bound == "at_most", largest_batch_size=largest, bound=bound)
-        if largest < 1:
-            notes.append("even a batch of one does not fit: the fixed parts alone are "
-                         f"{_gib(fixed['total'])} of a budget of {_gib(budget)}")
+    if basis is not None and batch_size and budget is not None:
+        largest, detail = _largest_batch(basis, batch_size, budget, notes)
+        add("batch_size", basis.per_sample * max(batch_size - largest, 0), detail,
+            basis.bound == "at_most", largest_batch_size=largest, bound=basis.bound)
     layers = m.get("parametrized_modules") or 0
     if activations is not None and layers >= 4:
         kept = 2 * math.sqrt(layers) / layers
@@ -363,6 +375,28 @@ def _advice(state: dict[str, Any], fixed: dict[str, Any], per_sample: float | No
                            "saving_bytes": round(opt_state * 3 / 4)}])
     out.sort(key=lambda a: -(a["predicted_saving_bytes"] or 0))
     return out
+
+
+def _largest_batch(basis: _Basis, batch_size: int, usable: float, notes: list[str]
+                   ) -> tuple[int, str]:
+    """The largest batch whose predicted peak fits the usable budget (the budget at the
+    allocator's packing), below the failing one, and the advice's text."""
+    room = usable - basis.fixed
+    largest = math.floor(room / basis.per_sample) if room > 0 else 0
+    if largest >= batch_size:  # it failed at batch_size: not the batch's size alone
+        if basis.bound == "measured":
+            notes.append(f"the peak measured says batch size {batch_size} fits, yet it failed: "
+                         "more than the batch grew (a longer input, a leak, fragmentation)")
+        largest = batch_size - 1
+    if largest < 1:
+        notes.append(f"even a batch of one does not fit: the fixed parts alone are "
+                     f"{_gib(basis.fixed)} of a usable {_gib(usable)}")
+    packing = f" at the allocator's packing of {basis.packing:.0%}" if basis.packing < 1 else ""
+    detail = (f"batch size {batch_size} -> {largest}: {_gib(basis.per_sample)} per sample "
+              f"beyond the fixed {_gib(basis.fixed)} in a usable {_gib(usable)}{packing}"
+              + (" (at most: the bytes per sample are a lower bound)"
+                 if basis.bound == "at_most" else ""))
+    return largest, detail
 
 
 def _gib(n: float) -> str:
