@@ -272,7 +272,7 @@ def test_verified_saving_round_trips_with_its_field_names():
     raw = msgspec.json.decode(msgspec.json.encode(r))
     assert set(raw) == {"saving_pct", "interval_pct", "blocks", "iterations", "seconds",
                         "status", "reason", "verdict", "ratio", "warmup_seconds",
-                        "measured_after", "block_iterations"}
+                        "measured_after", "block_iterations", "pairs_ms"}
     assert msgspec.convert(raw, VerifiedSaving) == r
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({**raw, "status": "great"}, VerifiedSaving)
@@ -319,3 +319,17 @@ def test_an_interval_too_wide_to_rule_anything_out_is_inconclusive_not_no_change
     status, _ = verdict(0.3, -INCONCLUSIVE_PCT + 1, INCONCLUSIVE_PCT - 1)
     assert status == "no_change"
     assert verdict(70.0, 5.0, 96.0)[0] == "measured"  # wide, but it rules out no saving
+
+
+def test_the_pairs_behind_the_interval_are_kept_with_the_fix_first():
+    """Blocks of 1, no warm-up, ABBA BAAB: with the fix 8 ms, without it 10 ms, except one
+    stalled block (the fifth, which runs with the fix) at 40 ms; each pair reads [with,
+    without] whatever order it ran in."""
+    times = iter([10.0, 8.0, 8.0, 10.0, 40.0, 10.0, 10.0, 8.0])
+    trial = Trial(block=1, warmup=0, min_pairs=10**6)
+    for _ in range(8):
+        trial.next_state()
+        trial.record(next(times))
+    r = trial.result()
+    assert r.pairs_ms == [[8.0, 10.0], [8.0, 10.0], [40.0, 10.0], [8.0, 10.0]]
+    assert r.ratio == pytest.approx(math.exp(sum(math.log(w / o) for w, o in r.pairs_ms) / 4))

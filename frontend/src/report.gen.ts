@@ -490,6 +490,7 @@ export interface VerifiedSaving {
   interval_pct?: number[] | null;
   iterations?: number;
   measured_after?: string | null;
+  pairs_ms?: number[][] | null;
   ratio?: number | null;
   reason?: string | null;
   saving_pct?: number | null;

@@ -373,6 +373,9 @@ class VerifiedSaving(_Section, kw_only=True):
     # iterations per block in this trial: the verification's block_iterations, or fewer where
     # this trial's share of the time cap could not hold MIN_PAIRS pairs of full blocks
     block_iterations: int | None = None
+    # each completed block pair's mean ms per iteration, [with the fix, without it], in the
+    # order they ran: what the interval was computed from (an outlier block shows here)
+    pairs_ms: list[list[Number]] | None = None
 
 
 class Recommendation(_Section, kw_only=True):

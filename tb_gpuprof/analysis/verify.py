@@ -371,12 +371,20 @@ class Trial:
         return VerifiedSaving(status=status, verdict=text, saving_pct=saving,
                               interval_pct=[lo, hi], ratio=math.exp(mean),
                               blocks=len(self._means), iterations=self.iterations,
-                              seconds=self.seconds)
+                              seconds=self.seconds, pairs_ms=self.pairs_ms())
+
+    def pairs_ms(self) -> list[list[float]]:
+        """Each completed pair's block means, [with the fix, without it], in order."""
+        out = []
+        for k in range(0, len(self._means) - 1, 2):
+            a, b = self._means[k], self._means[k + 1]
+            out.append([round(a, 4), round(b, 4)] if self.arm(k) else [round(b, 4), round(a, 4)])
+        return out
 
     def _unmeasured(self, status: Status, reason: str, text: str) -> VerifiedSaving:
         return VerifiedSaving(status=status, reason=reason, verdict=text,
                               blocks=len(self._means), iterations=self.iterations,
-                              seconds=self.seconds)
+                              seconds=self.seconds, pairs_ms=self.pairs_ms() or None)
 
 
 # --- on the report -----------------------------------------------------------------------
