@@ -8,7 +8,7 @@ predicts fits (``advice[fix=batch_size].largest_batch_size``) and at 25% more, a
 each ran or ran out of memory (with the allocator's peak). The window report's headroom
 (``memory_parts.batch_headroom``: how many times the recorded batch fits) is tried the same way.
 
-On the H200, from the repository root (docs/report-schema.md has the figures of its run):
+On a GPU, from the repository root (docs/pytorch.md#out-of-memory has the figures of its run):
 
     python benchmarks/oom_case.py --out $OUT/oom --case llama --batch 16 --fail-batch 2048
 

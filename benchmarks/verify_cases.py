@@ -19,7 +19,9 @@ of its runs):
 ``--max-s 0`` records the window and its report only. Each hooked run is kept as
 ``OUT/runs/CASE.tar.gz`` (trace, stored report, context: ``tb-gpuprof report --reanalyze``
 re-predicts from it), with the parameters' and optimizer state's bytes and the allocator's
-figures beside its memory peak parts in results.json (issue 40's checks).
+figures beside its memory peak parts in results.json (issue 40's checks); with ``--max-s 0``
+also ``fragmentation_check``: the report's reserved-but-unallocated bytes at the window's peak
+against the allocator's own (docs/report-schema.md).
 
 CPU check: ``python benchmarks/verify_cases.py --smoke --out /tmp/vc --cases gnn,lora``.
 """
