@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .errors import GpuProfError
+from .errors import GpuProfError, RunNotFoundError
 
 EXIT_USER_ERROR = 2
 
@@ -130,13 +130,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if os.path.isdir(args.path):
         from .parallel import find_rank_traces
-        from .pipeline import run_report
         from .store.reader import find_runs
 
         traces = find_rank_traces(args.path) if not find_runs(args.path) else []
         if traces:  # a directory of rank traces, not a TensorBoard log directory
             return _report_ranks(traces, args)
-        report = run_report(args.path, run=args.run, reanalyze=args.reanalyze)
+        report = _stored_run_report(args)
+        if report is None:  # an out-of-memory error before any window: its report alone
+            return 0
     else:
         if args.reanalyze:
             raise GpuProfError("--reanalyze takes a run or log directory; a trace file is "
@@ -153,6 +154,45 @@ def _cmd_report(args: argparse.Namespace) -> int:
                                msgspec.structs.replace(trace_context(args.path), **given))
     sys.stdout.write(render(report, fmt=args.format, top=args.top))
     return 0
+
+
+def _stored_run_report(args: argparse.Namespace) -> dict | None:
+    """The run's current report, after a line per out-of-memory report of the run (text);
+    None where the run holds only out-of-memory reports (printed)."""
+    from .pipeline import run_report
+
+    failures = _out_of_memory_lines(args.path, args.run)
+    lines = "".join(f"{line} Report: {where}\n" for line, where in failures)
+    try:
+        report = run_report(args.path, run=args.run, reanalyze=args.reanalyze)
+    except RunNotFoundError as e:
+        if not failures:
+            raise
+        if args.format != "text":
+            raise RunNotFoundError(f"{e}; out-of-memory report: {failures[0][1]}") from None
+        sys.stdout.write(lines)
+        return None
+    if lines and args.format == "text":
+        sys.stdout.write(lines + "\n")
+    return report
+
+
+def _out_of_memory_lines(path: str, run: str | None) -> list[tuple[str, str]]:
+    """(summary, path) of each out-of-memory report in the run(s)."""
+    import json
+
+    from .analysis.oom import summary
+    from .store.reader import oom_reports
+
+    lines = []
+    for found in oom_reports(path, run):
+        try:
+            with open(found, encoding="utf-8") as f:
+                lines.append((summary(json.load(f)), found))
+        except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+            lines.append((f"tb_gpuprof: an unreadable out-of-memory report "
+                          f"({type(e).__name__}).", found))
+    return lines
 
 
 def _non_negative_float(text: str) -> float:

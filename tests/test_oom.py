@@ -382,3 +382,45 @@ def test_lightnings_exception_hook_writes_the_report(tmp_path) -> None:
     assert info.value is error
     report = json.load(open(layout.oom_report_path(str(tmp_path / "run"))))
     assert report["error"]["message"] == MESSAGE and report["step"] == 2
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "tb_gpuprof", *args], capture_output=True,
+                          text=True, timeout=300, check=False)
+
+
+def test_the_report_command_shows_the_out_of_memory_report(tmp_path) -> None:
+    """`tb-gpuprof report RUN` after a loop that ran out of memory: before any window, the
+    out-of-memory report alone (text), or one line naming it (JSON, which has no report to
+    give); after a window, its summary above the window's report."""
+    early = str(tmp_path / "early")
+    _loop(early, 1)
+    text = _cli("report", early)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("tb_gpuprof: out of memory at iteration 1")
+    assert layout.oom_report_path(early) in text.stdout
+    as_json = _cli("report", early, "--format", "json")
+    assert as_json.returncode != 0 and as_json.stdout == ""
+    assert len(as_json.stderr.strip().splitlines()) == 1
+    assert layout.oom_report_path(early) in as_json.stderr
+
+    late = str(tmp_path / "late")
+    _loop(late, 4, iter_start=1, iter_stop=3)
+    text = _cli("report", late)
+    assert text.returncode == 0, text.stderr
+    first, rest = text.stdout.split("\n", 1)
+    assert first.startswith("tb_gpuprof: out of memory at iteration 4")
+    assert "Report: " + layout.oom_report_path(late) in first and len(rest) > 200
+    assert json.loads(_cli("report", late, "--format", "json").stdout)["iterations"]
+
+    broken = str(tmp_path / "broken")
+    _loop(broken, 1)
+    with open(layout.oom_report_path(broken), "w") as f:
+        f.write("{not json")
+    text = _cli("report", broken)
+    assert text.returncode == 0 and "unreadable out-of-memory report" in text.stdout

@@ -100,6 +100,25 @@ def find_runs(logdir: str) -> dict[str, str]:
     return runs
 
 
+def oom_reports(path: str, run: str | None = None) -> list[str]:
+    """The out-of-memory reports (store/layout.oom_report_path, any rank) of the runs under
+    ``path``, or of run ``run``: the hook writes one when a CUDA out-of-memory error ends the
+    loop, window or not."""
+    runs = find_runs(path) if os.path.isdir(path) else {}
+    if run is not None:
+        key = run.strip("/").replace(os.sep, "/") or "."
+        runs = {key: runs[key]} if key in runs else {}
+    found = []
+    for _, run_dir in sorted(runs.items()):
+        folder = os.path.dirname(layout.oom_report_path(run_dir))
+        name = os.path.basename(layout.oom_report_path(run_dir)).removesuffix(".json")
+        if os.path.isdir(folder):
+            found += sorted(os.path.join(folder, f) for f in os.listdir(folder)
+                            if f == f"{name}.json" or (f.startswith(f"{name}.rank")
+                                                       and f.endswith(".json")))
+    return found
+
+
 def _pick(reports: list[StoredReport], step: int | None, where: str) -> StoredReport:
     if step is None:
         step = max(r.step for r in reports)
