@@ -424,3 +424,26 @@ def test_the_report_command_shows_the_out_of_memory_report(tmp_path) -> None:
         f.write("{not json")
     text = _cli("report", broken)
     assert text.returncode == 0 and "unreadable out-of-memory report" in text.stdout
+
+
+def test_the_oom_route_gives_a_runs_reports_and_nothing_outside_the_logdir(tmp_path) -> None:
+    from tests.conftest import wsgi_client
+
+    _loop(str(tmp_path / "logs" / "late"), 4, iter_start=1, iter_stop=3)
+    _loop(str(tmp_path / "logs" / "fine"), None)
+    outside = tmp_path / "elsewhere"
+    _loop(str(outside), 1)
+    client = wsgi_client(tmp_path / "logs")
+
+    def oom(run: str):
+        response = client.get("/data/plugin/gpuprof/oom?run=" + run)
+        return response.status_code, json.loads(response.get_data())
+
+    status, body = oom("late")
+    assert status == 200 and body["run"] == "late" and len(body["reports"]) == 1
+    on_disk = json.load(open(layout.oom_report_path(str(tmp_path / "logs" / "late"))))
+    assert body["reports"][0] == on_disk and body["reports"][0]["step"] == 4
+    assert oom("fine") == (200, {"run": "fine", "reports": []})
+    assert oom("../elsewhere")[1]["reports"] == []  # a run name never leaves the log directory
+    response = client.get("/data/plugin/gpuprof/oom")
+    assert response.status_code == 400

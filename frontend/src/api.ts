@@ -1,6 +1,6 @@
 // Route client. URLs are relative: TensorBoard's plugin_entry.html sets <base href="plugin/gpuprof/">,
 // so "runs" resolves to /data/plugin/gpuprof/runs (also behind a --path_prefix).
-import type { CompareAnswer, DistributedAnswer, KernelsPage, MemoryRangeAnswer, Point, Report, RunsAnswer, StorageTags, TelemetryAnswer } from "./types";
+import type { CompareAnswer, DistributedAnswer, KernelsPage, MemoryRangeAnswer, OomAnswer, Point, Report, RunsAnswer, StorageTags, TelemetryAnswer } from "./types";
 
 export class ApiError extends Error {
   constructor(public status: number, message: string) {
@@ -75,5 +75,6 @@ export const api = {
   distributed: (run: string, step: number | null) => getJson<DistributedAnswer>("distributed", { run, step }),
   memory: (run: string, step: number | null, device: string, startMs: number, endMs: number) =>
     getJson<MemoryRangeAnswer>("memory", { run, step, device, start_ms: startMs, end_ms: endMs }),
+  oom: (run: string) => getJson<OomAnswer>("oom", { run }),
   traceUrl: (run: string, step: number | null) => "trace" + query({ run, step }),
 };

@@ -96,6 +96,33 @@ export interface MemoryRangeAnswer {
   series: Gen.MemorySeries;
 }
 
+/** /oom: the run's out-of-memory reports (tb_gpuprof/analysis/oom.py; docs/report-schema.md),
+ * the fields the Memory view shows. Written by the hook, not by the report schema's code. */
+export interface OomAdvice {
+  fix: string;
+  predicted_saving_bytes: number | null;
+  fits: boolean | null;
+  detail: string;
+  largest_batch_size?: number;
+}
+
+export interface OomReport {
+  step: number | null;
+  device: string | null;
+  batch_size: number | null;
+  largest_part: string | null;
+  error: { type: string; message: string };
+  allocator: { allocated_bytes: number | null; reserved_bytes: number | null };
+  last_peak: { source: string; parts: { part: string; bytes: number }[] } | null;
+  advice: OomAdvice[];
+  notes: string[];
+}
+
+export interface OomAnswer {
+  run: string;
+  reports: OomReport[];
+}
+
 export interface TelemetryAnswer {
   series: Record<string, Point[]>;
   topology: unknown;

@@ -24,7 +24,7 @@ from tensorboard.plugins import base_plugin
 
 from ..errors import GpuProfError
 from ..pipeline import current_report
-from ..store import layout, schema
+from ..store import layout, reader, schema
 from ..store.reader import stored_identity
 from .views import KernelIndex
 
@@ -310,6 +310,23 @@ class PluginData:
         if not self._logdir:
             return None
         return layout.safe_join(self._logdir, *run.split("/"))
+
+    def oom_reports(self, run: str) -> list[dict[str, Any]]:
+        """The run's out-of-memory reports (store/reader.oom_reports_in), as written; none
+        where the run would leave the log directory. An unreadable file is left out."""
+        run_dir = self._run_dir(run)
+        if run_dir is None or not os.path.isdir(run_dir):
+            return []
+        out = []
+        for path in reader.oom_reports_in(run_dir):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    report = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(report, dict):
+                out.append(report)
+        return out
 
     def trace_root(self, run: str) -> str | None:
         run_dir = self._run_dir(run)

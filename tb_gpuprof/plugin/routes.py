@@ -226,6 +226,12 @@ def _memory(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -
             "series": series}
 
 
+def _oom(plugin: PluginData, request: wrappers.Request, ctx: Any, eid: str) -> Any:
+    """The run's out-of-memory reports (tb_gpuprof/analysis/oom.py), rank 0's first."""
+    run = _required(request, "run")
+    return {"run": run, "reports": plugin.oom_reports(run)}
+
+
 def _static_file(rel: str) -> str | None:
     """A file under tb_gpuprof/static/ named by a request path, never anything outside it."""
     parts = [p for p in rel.split("/") if p]
@@ -277,6 +283,7 @@ ROUTES: dict[str, Handler] = {
     "/trace": _trace,
     "/timeline": _timeline,
     "/memory": _memory,
+    "/oom": _oom,
     "/index.js": _index_js,
     "/*": _static,  # other dashboard assets, e.g. /static/app.css
 }

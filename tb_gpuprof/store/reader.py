@@ -101,22 +101,26 @@ def find_runs(logdir: str) -> dict[str, str]:
 
 
 def oom_reports(path: str, run: str | None = None) -> list[str]:
-    """The out-of-memory reports (store/layout.oom_report_path, any rank) of the runs under
-    ``path``, or of run ``run``: the hook writes one when a CUDA out-of-memory error ends the
-    loop, window or not."""
+    """The out-of-memory reports of the runs under ``path``, or of run ``run``: the hook
+    writes one when a CUDA out-of-memory error ends the loop, window or not."""
     runs = find_runs(path) if os.path.isdir(path) else {}
     if run is not None:
         key = run.strip("/").replace(os.sep, "/") or "."
         runs = {key: runs[key]} if key in runs else {}
-    found = []
-    for _, run_dir in sorted(runs.items()):
-        folder = os.path.dirname(layout.oom_report_path(run_dir))
-        name = os.path.basename(layout.oom_report_path(run_dir)).removesuffix(".json")
-        if os.path.isdir(folder):
-            found += sorted(os.path.join(folder, f) for f in os.listdir(folder)
-                            if f == f"{name}.json" or (f.startswith(f"{name}.rank")
-                                                       and f.endswith(".json")))
-    return found
+    return [p for _, run_dir in sorted(runs.items()) for p in oom_reports_in(run_dir)]
+
+
+def oom_reports_in(run_dir: str) -> list[str]:
+    """A run directory's out-of-memory reports (store/layout.oom_report_path), any rank's:
+    regular files only, rank 0's first."""
+    first = layout.oom_report_path(run_dir)
+    folder, name = os.path.dirname(first), os.path.basename(first).removesuffix(".json")
+    if not os.path.isdir(folder):
+        return []
+    found = sorted(f for f in os.listdir(folder) if f == f"{name}.json"
+                   or (f.startswith(f"{name}.rank") and f.endswith(".json")))
+    paths = [os.path.join(folder, f) for f in found]
+    return [p for p in paths if os.path.isfile(p) and not os.path.islink(p)]
 
 
 def _pick(reports: list[StoredReport], step: int | None, where: str) -> StoredReport:

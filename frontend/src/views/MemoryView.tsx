@@ -9,7 +9,7 @@ import { Empty, ErrorBox, KeyValues, Panel, Trunc, useAsync } from "../component
 import { DASH, fmtBytes, fmtMs, fmtNum, fmtPct } from "../format";
 import { PeakParts } from "./MemoryParts";
 import type * as Gen from "../report.gen";
-import type { Point, Report, RunInfo } from "../types";
+import type { OomReport, Point, Report, RunInfo } from "../types";
 
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;
@@ -141,6 +141,49 @@ function RunPeaks({ run, tags, dark }: { run: RunInfo; tags: Record<string, stri
   return <Chart option={option} dark={dark} height={240} label="per-iteration memory peaks over the run" testId="memory-run-chart" />;
 }
 
+function OomFailure({ r }: { r: OomReport }) {
+  const largest = r.last_peak?.parts.find((p) => p.part === r.largest_part);
+  return (
+    <div data-testid="oom-report">
+      <KeyValues rows={[
+        ["Failed at", `iteration ${r.step ?? DASH}${r.device ? ` on ${r.device}` : ""}${r.batch_size != null ? `, batch size ${r.batch_size}` : ""}`],
+        ["Allocated / reserved", `${fmtBytes(r.allocator.allocated_bytes)} / ${fmtBytes(r.allocator.reserved_bytes)}`],
+        ["Largest part", r.largest_part ? `${r.largest_part} (${fmtBytes(largest?.bytes ?? null)}, at the ${r.last_peak?.source ?? "last"} peak)` : DASH],
+      ]} />
+      <pre class="small" data-testid="oom-error">{`${r.error.type}: ${r.error.message}`}</pre>
+      <div class="tablewrap">
+        <table data-testid="oom-advice">
+          <thead><tr><th>Fix</th><th class="num">Saves</th><th>Fits then</th><th>How</th></tr></thead>
+          <tbody>
+            {r.advice.map((a) => (
+              <tr key={a.fix}>
+                <td>{a.fix}{a.largest_batch_size != null ? ` → ${a.largest_batch_size}` : ""}</td>
+                <td class="num">{fmtBytes(a.predicted_saving_bytes)}</td>
+                <td>{a.fits == null ? DASH : a.fits ? "yes" : "no"}</td>
+                <td>{a.detail}</td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+      {r.notes.map((n, i) => <div key={i} class="muted small">{n}</div>)}
+    </div>
+  );
+}
+
+/** The run's out-of-memory reports, above the window's figures; nothing where there are none. */
+function OutOfMemory({ run }: { run: string }) {
+  const oom = useAsync(() => api.oom(run), [run]);
+  if (oom.error) return <ErrorBox what="out-of-memory reports" error={oom.error} />;
+  const reports = oom.data?.reports ?? [];
+  if (!reports.length) return null;
+  return (
+    <Panel title="Out of memory" testId="panel-oom">
+      {reports.map((r, i) => <OomFailure key={i} r={r} />)}
+    </Panel>
+  );
+}
+
 function Nvml({ rows }: { rows: Gen.MemoryNvml[] }) {
   return (
     <div class="tablewrap">
@@ -170,6 +213,7 @@ export function MemoryView({ run, step, runs, report, dark }: { run: RunInfo; st
   const tags = mem?.scalar_tags ?? {};
   return (
     <div data-testid="view-memory">
+      <OutOfMemory run={run.run} />
       {!mem || !mem.recorded || !dev ? (
         <Panel title="Allocator over the window">
           <Empty>{mem?.note ?? "this report was made before tb_gpuprof read allocator events; profile the run again (the PyTorch hook records them by default, record_memory=True)"}</Empty>
