@@ -21,7 +21,9 @@ of its runs):
 re-predicts from it), with the parameters' and optimizer state's bytes and the allocator's
 figures beside its memory peak parts in results.json (issue 40's checks); with ``--max-s 0``
 also ``fragmentation_check``: the report's reserved-but-unallocated bytes at the window's peak
-against the allocator's own (docs/report-schema.md).
+against the allocator's own (docs/report-schema.md), and ``dispatch_probe``: the host's time
+to dispatch a step on an idle GPU, without the profiler, beside the GPU's (issue 38's host
+scale; not yet used by the analysis).
 
 CPU check: ``python benchmarks/verify_cases.py --smoke --out /tmp/vc --cases gnn,lora``.
 """
@@ -251,6 +253,7 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
 
     model, opt, step = build(case, smoke)
     run = os.path.join(out, "runs", case)
+    probe = _dispatch_probe(model, opt, step) if max_s <= 0 else None
     t0 = time.perf_counter()
     its = 0
     # --max-s 0 (the recording alone): no always-on memory readings, which reset the
@@ -284,6 +287,7 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
     return {"iterations": its, "seconds": time.perf_counter() - t0,
             "memory_truth": _memory_truth(model, opt),
             "fragmentation_check": _fragmentation_check(at_window, report),
+            "dispatch_probe": probe,
             "memory_peak_parts": [
                 d.get("peak_parts") for d in (report.get("memory") or {}).get("devices", [])],
             "verification": report.get("verification"),
@@ -310,6 +314,48 @@ def _memory_truth(model: Any, opt: Any) -> dict[str, Any]:
             "allocated_bytes.all.current", "reserved_bytes.all.current",
             "allocated_bytes.all.peak", "inactive_split_bytes.all.current")})
     return truth
+
+
+def _dispatch_probe(model: Any, opt: Any, step: Any, warm: int = 5, n: int = 5
+                    ) -> dict[str, Any] | None:
+    """The host's own dispatch time, without the profiler (a study for issue 38's host
+    scale): after a few warm-up steps, each probed step starts on an idle GPU (synchronised),
+    so its launches find an empty queue; the host's time to the end of the forward and to the
+    end of the step (no sync at its end) against the GPU's time for the same work (events).
+    Where the host's time is well under the GPU's, it did not wait for the GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    for _ in range(warm):
+        step(model, opt)
+    marks: dict[str, Any] = {}
+
+    def at_forward_end(module: Any, args: Any, output: Any) -> None:
+        marks["fwd_t"] = time.perf_counter()
+        marks["fwd_e"] = torch.cuda.Event(enable_timing=True)
+        marks["fwd_e"].record()
+
+    handle = model.register_forward_hook(at_forward_end)
+    rows = []
+    try:
+        for _ in range(n):
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            t = time.perf_counter()
+            step(model, opt)
+            t_end = time.perf_counter()
+            end.record()
+            torch.cuda.synchronize()
+            rows.append({"host_forward_ms": (marks["fwd_t"] - t) * 1e3,
+                         "host_step_ms": (t_end - t) * 1e3,
+                         "gpu_forward_ms": start.elapsed_time(marks["fwd_e"]),
+                         "gpu_step_ms": start.elapsed_time(end)})
+    finally:
+        handle.remove()
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]} | {"steps": n}
 
 
 def _allocator_edge(start: bool) -> dict[str, Any]:
