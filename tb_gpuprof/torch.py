@@ -23,6 +23,7 @@ import collections
 import importlib
 import os
 import shutil
+import statistics
 import tempfile
 import threading
 import time
@@ -41,6 +42,10 @@ from .store import layout
 # How many finished iterations may wait for their CUDA events before the oldest is dropped
 # (the GPU never lags that far behind in practice; this only bounds memory).
 MAX_PENDING = 1000
+# Iterations just before the window's warm-up that start on an idle GPU (one synchronize at
+# the step before each) and are timed on the host: the un-profiled host time the replay needs
+# where a GPU-bound window's time cannot give it (analysis/stages.probe_host_scale).
+HOST_PROBE_STEPS = 3
 
 
 class _Iter:
@@ -192,6 +197,11 @@ class GpuProfiler(HookCore):
         self._wrapping = False
         self._memory_history: collections.deque[tuple[int, int | None, int]] = \
             collections.deque(maxlen=64)
+        # the host probe: per probed step (host ms, data ms, start event, end event)
+        self._host_probe: list[tuple[float, float | None, Any, Any]] = []
+        # the event after the synchronize that began a probe (False without CUDA), None: none
+        self._probe_start: Any = None
+        self._probe_steps: set[int] = set()  # the iterations that started on an idle GPU
         self.oom_report_path: str | None = None  # where the out-of-memory report went
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -300,7 +310,8 @@ class GpuProfiler(HookCore):
                     "model_hooks": self.model is not None and bool(w["model_hooks"]),
                     "memory_parts": self.record_memory and self.iter_start is not None and (
                         cuda or self.model is not None or self.optimizer is not None),
-                    "nvml": cuda if w["nvml"] is None else bool(w["nvml"])}
+                    "nvml": cuda if w["nvml"] is None else bool(w["nvml"]),
+                    "host_probe": self.iter_start is not None}
         self._guard("event writer", self._open_writer)
         per_rank = self.distributed["world_size"] > 1 and self._device is not None
         # under torch.distributed every rank samples its own GPU only
@@ -467,6 +478,14 @@ class GpuProfiler(HookCore):
             moved = True
         if self._verify_state != "off" and self._verify_state != "done":
             moved = self._verify_step(rec.wall_ms) or moved
+        if on["host_probe"]:
+            if self._probe_start is not None:
+                self._host_probe.append((rec.wall_ms, rec.data_ms, self._probe_start,
+                                         rec.ev_end))
+                self._probe_start = None
+            if self._probed(i + 1):
+                moved = bool(self._guard("host_probe", self._begin_probe, i + 1,
+                                         when="host_probe")) or moved
         self.iteration = i + 1
         # The hook's own window start/stop (can take seconds) is not charged to an iteration.
         self._begin_iteration(time.perf_counter() if moved else t)
@@ -527,6 +546,47 @@ class GpuProfiler(HookCore):
                 values[layout.MEMORY_ALLOCATED_PEAK_TAG] = rec.mem[0]
                 values[layout.MEMORY_RESERVED_PEAK_TAG] = rec.mem[1]
             self._out.append((rec.step, rec.wall_time, values))
+
+    # -- the host probe --------------------------------------------------------------------
+
+    def _probed(self, step: int) -> bool:
+        """Whether iteration ``step`` is one of the HOST_PROBE_STEPS before the window's
+        warm-up (never iteration 0: start-up)."""
+        opens = self._window_opens_at()
+        return (self.iter_start is not None and self._window is None
+                and self._analysis is None and max(1, opens - HOST_PROBE_STEPS) <= step < opens)
+
+    def _begin_probe(self, step: int) -> bool:
+        """Let the GPU finish all queued work, so iteration ``step``'s launches find it idle;
+        its host time from here to its step() is then the host's own dispatch time (plus its
+        waits at the loop's syncs), without the profiler."""
+        torch = self._torch
+        self._probe_steps.add(step)
+        if not self.cuda:  # nothing queued: the step's host time is all there is
+            self._probe_start = False
+            return True
+        torch.cuda.synchronize()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self._probe_start = ev
+        return True
+
+    def _probe_summary(self) -> dict[str, Any] | None:
+        """``env["unprofiled"]["host_probe"]``: the probed steps' median host time and the
+        GPU's time for the same work (its events, complete by the window's stop)."""
+        rows = self._host_probe
+        if not rows:
+            return None
+        gpu = []
+        for _, _, start, end in rows:
+            if start and end is not None and end.query():
+                gpu.append(start.elapsed_time(end))
+        data = [d for _, d, _, _ in rows if d is not None]
+        host = [h for h, _, _, _ in rows]
+        return {"host_ms": round(statistics.median(host), 4),
+                "gpu_ms": round(statistics.median(gpu), 4) if gpu else None,
+                "data_ms": round(statistics.median(data), 4) if data else None,
+                "steps": len(rows), "host_ms_each": [round(h, 4) for h in host]}
 
     # -- the window --------------------------------------------------------------------------
 
@@ -648,6 +708,9 @@ class GpuProfiler(HookCore):
         try:
             env["unprofiled"] = self._unprofiled(self._not_unprofiled, self._window_opens_at(),
                                                  lambda: self._closed)
+            probe = self._guard("host_probe", self._probe_summary, when="host_probe")
+            if probe and env["unprofiled"]:
+                env["unprofiled"]["host_probe"] = probe
             self._analyze_in_child(
                 raw, env, *window, step, gpu_expected=self.cuda,
                 no_gpu_warning="tb_gpuprof: the window's trace holds no CUDA activity: CUPTI is "
@@ -696,8 +759,10 @@ class GpuProfiler(HookCore):
 
     def _not_unprofiled(self, step: int) -> bool:
         """Iterations whose period says nothing about the un-profiled loop: 0 (start-up), the
-        profiler's warm-up, the window, and the one after it (CUPTI's teardown runs there)."""
-        return step == 0 or self._window_opens_at() <= step <= (self.iter_stop or 0)
+        host probe's (started on an idle GPU), the profiler's warm-up, the window, and the one
+        after it (CUPTI's teardown runs there)."""
+        return (step == 0 or self._window_opens_at() <= step <= (self.iter_stop or 0)
+                or step in self._probe_steps)
 
     # -- run summary -------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from tb_gpuprof.analysis.whatif import (
     SimKernel,
     build_replay,
     calibrate,
+    calibrate_host,
     predicted_ms,
 )
 from tb_gpuprof.model import GpuActivity
@@ -280,3 +281,77 @@ def test_a_window_without_long_launches_has_no_blocked_spans():
     calls.append(RuntimeCall("cudaDeviceSynchronize", 600.0, 5000.0))  # a sync, not a launch
     starts, _ = blocked_launches(Profile(source="s", format="kineto", runtime=calls), 0.0, 1e4)
     assert len(starts) == 0
+
+
+def _gpu_bound_step(host_us: float, *, sync_at_end: bool = False):
+    """One GPU-bound iteration: the host dispatches 10 FP32 GEMMs of 1 ms evenly over
+    ``host_us`` of profiled framework time; with ``sync_at_end`` it then waits for them."""
+    ks = [gemm(host_us * i / 10 + 5, 100.0 + 1000 * i, 1000.0) for i in range(10)]
+    syncs = [(host_us, 10_100.0)] if sync_at_end else []
+    return replay(ks, framework=[(0, host_us)], syncs=syncs, end=10_100.0)
+
+
+def test_a_measured_host_time_sets_the_scale_a_gpu_bound_window_cannot():
+    # profiled, the host took 8 ms to dispatch the step; the hook's probe (the same step on an
+    # idle GPU, no profiler) took 6 ms: the host runs at 0.75 of its profiled time
+    r = _gpu_bound_step(8_000.0)
+    assert calibrate(r, 10_100) == GPU_BOUND_HOST_SCALE  # the window's time cannot tell
+    scale = calibrate_host([r], 6_000.0)
+    assert scale == pytest.approx(0.75, rel=0.01)
+    assert r.host_time(Fix(), scale) == pytest.approx(6_000.0, rel=0.01)
+    # after TF32 the GEMMs take 1.5 ms: the host's 6 ms sets the step, not the constant's 3.6
+    assert predicted_ms(r, fix_tf32(0), 10.1, scale) == pytest.approx(6.0, rel=0.03)
+    assert predicted_ms(r, fix_tf32(0), 10.1, GPU_BOUND_HOST_SCALE) == pytest.approx(
+        3.6, rel=0.05)
+
+
+def test_a_probe_that_waited_on_the_gpu_gives_no_scale():
+    # the step ends in a sync: on an idle GPU the host still waits for all 10 ms of GEMMs, so
+    # its time hardly moves with its speed; and a probe beyond any scale's reach
+    waits = _gpu_bound_step(8_000.0, sync_at_end=True)
+    assert calibrate_host([waits], waits.host_time(Fix(), 0.75)) is None
+    assert calibrate_host([_gpu_bound_step(8_000.0)], 50_000.0) is None
+    assert calibrate_host([], 6_000.0) is None
+
+
+def test_the_probe_scale_is_the_median_over_iterations():
+    its = [_gpu_bound_step(h) for h in (6_000.0, 8_000.0, 12_000.0)]  # profiled host times
+    assert calibrate_host(its, 6_000.0) == pytest.approx(0.75, rel=0.01)  # the middle one
+
+
+def test_the_hooks_probe_sets_the_host_scale_of_a_real_gpu_bound_window():
+    # the H200 ViT-B/16 FP32 rung (GPU-bound, 165.7 ms un-profiled): the faster the host's
+    # measured dispatch of a step, the smaller the scale the report says it used; a probe
+    # longer than any scale reaches (the host waited) leaves the report as it was
+    import copy
+    import re
+
+    from tb_gpuprof.analysis.report import build_report
+    from tb_gpuprof.readers import load_profile
+    from tests.real_traces import DATA, context
+
+    path = DATA / "h200_ladders" / "vit_fp32.json.gz"
+    profile = load_profile(str(path), python_calls=False)
+    env = context(path)
+    assert env is not None
+
+    def tf32(probe_ms: float | None) -> dict:
+        e = copy.deepcopy(env)
+        if probe_ms is not None:
+            e["unprofiled"]["host_probe"] = {"host_ms": probe_ms, "steps": 3}
+        rec = next(r for r in build_report(profile, env=e)["recommendations"]
+                   if r["id"] == "tf32")
+        return rec
+
+    plain = tf32(None)
+    assert "dispatch of a step" not in plain["estimate_basis"]
+    scales = []
+    for probe in (10.0, 30.0, 60.0):
+        basis = tf32(probe)["estimate_basis"]
+        m = re.search(r"the host at ([0-9.]+) of its profiled time, from the hook's "
+                      rf"un-profiled {probe:.1f} ms dispatch", basis)
+        assert m, basis
+        scales.append(float(m.group(1)))
+    assert scales == sorted(scales) and scales[0] < scales[-1]
+    assert scales[1] == pytest.approx(3 * scales[0], rel=0.05)  # host work scales linearly
+    assert tf32(400.0) == plain  # beyond reach: no scale from the probe

@@ -724,3 +724,59 @@ def test_after_a_window_the_training_process_imports_no_analysis_module(tmp_path
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == str(
         ["tb_gpuprof.analysis", "tb_gpuprof.analysis.live_throughput"])
+
+
+def _stored_context(run: str) -> dict:
+    import glob
+    import json
+
+    (path,) = glob.glob(os.path.join(run, "**", "context.json"), recursive=True)
+    with open(path) as f:
+        return json.load(f)
+
+
+def _sleepy_loop(prof: GpuProfiler, slow: set[int], n: int = 14) -> None:
+    import time
+
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 16)
+    for i in range(n):
+        time.sleep(0.03 if i in slow else 0.002)
+        loss = model(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        prof.step()
+
+
+def test_the_three_steps_before_the_window_are_the_host_probe(tmp_path):
+    # window [9, 11): the profiler's warm-up opens at 8, so 5, 6 and 7 are probed; only they
+    # sleep 30 ms, so the probe must hold them and the un-profiled median must not
+    run = str(tmp_path / "probe")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GpuProfWarning)
+        with GpuProfiler(run, iter_start=9, iter_stop=11, nvml=False) as prof:
+            _sleepy_loop(prof, slow={5, 6, 7})
+    unprofiled = _stored_context(run)["env"]["unprofiled"]
+    probe = unprofiled["host_probe"]
+    assert probe["steps"] == 3 and len(probe["host_ms_each"]) == 3
+    assert all(h >= 30.0 for h in probe["host_ms_each"])
+    assert probe["gpu_ms"] is None  # no CUDA: no GPU time is invented
+    assert unprofiled["count"] == 4 and unprofiled["median_ms"] < 30.0  # iterations 1-4
+
+
+def test_a_failing_host_probe_is_one_warning_and_the_report_still_lands(tmp_path, monkeypatch):
+    def broken(self, step):
+        raise RuntimeError("probe on fire")
+
+    monkeypatch.setattr(GpuProfiler, "_begin_probe", broken)
+    run = str(tmp_path / "probe_fails")
+    with pytest.warns(GpuProfWarning) as caught:
+        with GpuProfiler(run, iter_start=9, iter_stop=11, nvml=False) as prof:
+            _sleepy_loop(prof, slow=set())
+    mine = [str(w.message) for w in caught if issubclass(w.category, GpuProfWarning)]
+    assert len(mine) == 1 and "host_probe" in mine[0] and "probe on fire" in mine[0]
+    assert prof.iteration == 14
+    assert "host_probe" not in (_stored_context(run)["env"]["unprofiled"] or {})
+    assert cli_report(run)["iterations"]["count"] == 2

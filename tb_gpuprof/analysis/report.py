@@ -29,6 +29,7 @@ from .stages import (
     attribute_idle,
     bottleneck_stage,
     breakdown_section,
+    host_probe_ms,
     iterations_section,
     kernel_table,
     phases_section,
@@ -102,7 +103,8 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
     report["roofline"] = roofline_section(report, profile, linked.per_window, linked.op_flops,
                                           tally.activities())
     report["recommendations"] = recommend(report, topology=topology)
-    savings_stage(report, profile, tally, host, sel.windows, unprofiled_ms)
+    savings_stage(report, profile, tally, host, sel.windows, unprofiled_ms,
+                  host_probe_ms(unprofiled))
     check_built_report(report)
     return report
 

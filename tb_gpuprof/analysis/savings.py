@@ -22,9 +22,10 @@ RANGE_MIN_WIDTH_PCT = 1.0  # ranges are printed in whole percent
 
 
 def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float,
-           host_scale: float, basis: str) -> None:
+           host_scale: float, basis: str, host_note: str = "") -> None:
     """Replace the rules' savings by re-timed ones (in place); :func:`finalize` then sets
-    severity from them and drops what saves nothing."""
+    severity from them and drops what saves nothing. ``host_note``: how the host scale was
+    found, where the estimate should say so."""
     ids = {r["id"] for r in recs}
     for rec in recs:
         estimator = retimed(rec["id"])
@@ -52,7 +53,7 @@ def retime(recs: list[dict[str, Any]], replay: Replay | None, measured_ms: float
             f"{basis} {measured_ms:.1f} ms iteration; the range uses the low and high "
             "speed-up factors"
             + (f"; capped at the {bound:.2f} ms of work the fix changes" if capped else "")
-            + (f"; counted after `{first}`" if first else ""))
+            + (f"; counted after `{first}`" if first else "") + host_note)
 
 
 def _plain_fix(rule_id: str | None, replay: Replay) -> Callable[[int], Fix] | None:

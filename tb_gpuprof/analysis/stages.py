@@ -53,6 +53,8 @@ from .whatif import (
     SimKernel,
     build_replay,
     calibrate,
+    calibrate_host,
+    gpu_bound,
 )
 
 MAX_REPLAY_KERNELS = 100_000  # what-if re-timing replays at most this many GPU activities
@@ -1054,10 +1056,13 @@ def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
 # --- stage 6: savings -------------------------------------------------------------------------
 
 def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: HostTimeline,
-                  windows: list[IterationWindow], unprofiled_ms: float | None) -> None:
+                  windows: list[IterationWindow], unprofiled_ms: float | None,
+                  probe: float | None = None) -> None:
     """Re-time each recommendation's fix on a replay of the window (analysis/savings.py),
     set severity from the savings, leave out what saves nothing, and order them (in place:
-    ``report["recommendations"]`` is replaced)."""
+    ``report["recommendations"]`` is replaced). ``probe``: the hook's un-profiled host time
+    of a step started on an idle GPU (:func:`host_probe_ms`), which sets the host's speed
+    where a GPU-bound window cannot."""
     recs = report["recommendations"]
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
@@ -1069,13 +1074,53 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
         times = KernelTimes(*(c[:counts[n - 1]] for c in tally.times))
     replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n],
                            classes, times)
-    retime(recs, replay, measured,
-           # without an un-profiled time (imported traces) the host is taken at the profiler's
-           # typical inflation, as for GPU-bound windows: the trace was profiled all the same
-           calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
-           else GPU_BOUND_HOST_SCALE,
-           "un-profiled" if unprofiled_ms else "profiled")
+    # without an un-profiled time (imported traces) the host is taken at the profiler's
+    # typical inflation, as for GPU-bound windows: the trace was profiled all the same
+    scale = (calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
+             else GPU_BOUND_HOST_SCALE)
+    note = ""
+    if replay and probe and unprofiled_ms and gpu_bound(replay, measured * n * 1e3):
+        probed = probe_host_scale(profile, tally, host, windows[:n], probe)
+        if probed is not None:
+            scale = probed
+            note = (f"; the host at {probed:.2f} of its profiled time, from the hook's "
+                    f"un-profiled {probe:.1f} ms dispatch of a step on an idle GPU")
+    retime(recs, replay, measured, scale, "un-profiled" if unprofiled_ms else "profiled", note)
     report["recommendations"] = finalize(recs, measured, syncs_bound(report))
+
+
+# Iterations whose dispatch from an idle GPU is replayed against the hook's probe (each its
+# own replay; the median scale is taken)
+PROBE_ITERATIONS = 3
+
+
+def host_probe_ms(unprofiled: Any) -> float | None:
+    """The hook's un-profiled host time of a step started on an idle GPU
+    (``env["unprofiled"]["host_probe"]["host_ms"]``), None where it has none."""
+    probe = unprofiled.get("host_probe") if isinstance(unprofiled, dict) else None
+    v = probe.get("host_ms") if isinstance(probe, dict) else None
+    return float(v) if isinstance(v, int | float) and v > 0 else None
+
+
+def probe_host_scale(profile: Profile, tally: Tally, host: HostTimeline,
+                     windows: list[IterationWindow], probe_ms: float) -> float | None:
+    """The host scale a GPU-bound window's time cannot give (whatif.calibrate): each of the
+    first iterations replayed alone from an idle GPU, as the hook's probe ran its step, and
+    the scale at which the replayed host finishes in the probe's time
+    (whatif.calibrate_host)."""
+    counts = tally.sim_counts
+    replays = []
+    for i in range(min(PROBE_ITERATIONS, len(windows), len(counts))):
+        lo = counts[i - 1] if i else 0
+        classes = (tally.sim_classes[lo:counts[i]] if tally.sim_classes is not None
+                   else None)
+        times = (KernelTimes(*(c[lo:counts[i]] for c in tally.times))
+                 if tally.times is not None else None)
+        replay = window_replay(profile, tally.sim_kernels[lo:counts[i]], host,
+                               windows[i:i + 1], classes, times)
+        if replay is not None:
+            replays.append(replay)
+    return calibrate_host(replays, probe_ms * 1e3)
 
 
 def syncs_bound(report: dict[str, Any]) -> bool:

@@ -128,15 +128,7 @@ class Replay:
     def run(self, fix: Fix, host_scale: float = 1.0) -> float:
         """Replayed window time (us) under ``fix``; host framework time times ``host_scale``."""
         table = self._table or self._prepare()
-        factor = fix.kernel_factor
-        per_class: np.ndarray | None = None
-        if factor is _NO_FACTOR:
-            durations_key: bytes | None = b""  # x / max(1.0, 1e-6) is x
-        elif fix.by_class:
-            per_class = np.array([factor(k) for k in table.class_kernels] or [1.0], np.float64)
-            durations_key = per_class.tobytes()
-        else:
-            durations_key = None  # a factor per kernel: not worth a key
+        per_class, durations_key = table.class_factors(fix)
         # The same durations and rates replay to the same time: a fix whose variants differ
         # in nothing (input_pipeline), TF32 again under AMP, the base of every prediction.
         key = (durations_key, fix.framework_rate, fix.outside_rate, fix.data_rate,
@@ -144,6 +136,27 @@ class Replay:
                fix.backward_rate)
         if durations_key is not None and key in table.runs:
             return table.runs[key]
+        host_done, gpu_done, origin = self._simulate(fix, host_scale, table, per_class,
+                                                     durations_key)
+        total = max(host_done, gpu_done) - origin
+        if durations_key is not None:
+            table.runs[key] = total
+        return total
+
+    def host_time(self, fix: Fix, host_scale: float = 1.0) -> float:
+        """Replayed time (us) from the window's start until the host has finished its work
+        under ``fix``, with the waits its syncs make: on a window of one iteration, what the
+        host takes to dispatch that iteration when it starts on an idle GPU."""
+        table = self._table or self._prepare()
+        host_done, _, origin = self._simulate(fix, host_scale, table,
+                                              *table.class_factors(fix))
+        return host_done - origin
+
+    def _simulate(self, fix: Fix, host_scale: float, table: _EventTable,
+                  per_class: np.ndarray | None, durations_key: bytes | None
+                  ) -> tuple[float, float, float]:
+        """(the host's end, the GPU's end, the window's start) on the replayed clock."""
+        factor = fix.kernel_factor
         rates = {"framework": fix.framework_rate * host_scale,
                  "outside": fix.outside_rate * host_scale, "data": fix.data_rate,
                  "copy_call": fix.copy_call_rate * host_scale, "sync": 0.0,
@@ -166,11 +179,7 @@ class Replay:
             state.loop(now.tolist(), table.queue, durations.tolist(), fix.syncs_wait)
         else:
             state.columns(now, queue, durations, fix.syncs_wait)
-        waited, gpu_done = state.waited, state.gpu_done
-        total = max(host_end0 + waited, gpu_done) - origin
-        if durations_key is not None:
-            table.runs[key] = total
-        return total
+        return host_end0 + state.waited, state.gpu_done, origin
 
     def _prepare(self) -> _EventTable:
         """Syncs and kernel launches in host-time order (a sync before a kernel launched at
@@ -371,6 +380,18 @@ class _EventTable:
             kernels = self._replay.kernels
             self._kernels = [kernels[i] if i >= 0 else None for i in self.index]
         return self._kernels
+
+    def class_factors(self, fix: Fix) -> tuple[np.ndarray | None, bytes | None]:
+        """(the fix's factor per kernel class or None, the durations' key): ``b""`` where the
+        fix changes no kernel (x / max(1.0, 1e-6) is x), None where its factor is per kernel
+        (not worth a key)."""
+        factor = fix.kernel_factor
+        if factor is _NO_FACTOR:
+            return None, b""
+        if fix.by_class:
+            per_class = np.array([factor(k) for k in self.class_kernels] or [1.0], np.float64)
+            return per_class, per_class.tobytes()
+        return None, None
 
     def _from_columns(self, replay: Replay, cols: _KernelColumns, index: np.ndarray) -> None:
         """Queues and durations from the kernels' columns: a queue per device and whether
@@ -721,9 +742,10 @@ def calibrate(replay: Replay, target_us: float | None) -> float:
     if not target_us:
         return 1.0
     identity = Fix()
-    if replay.run(identity, 0.0) >= (1 - CALIBRATION_TOLERANCE) * target_us:
+    if gpu_bound(replay, target_us):
         # GPU-bound: the GPU alone takes the measured time, so the trace cannot tell how
         # fast the host really is; take the profiler's inflation seen where it can be
+        # (a measured host time does better: calibrate_host)
         return GPU_BOUND_HOST_SCALE
     at_one = replay.run(identity, 1.0)
     if abs(at_one - target_us) <= CALIBRATION_TOLERANCE * target_us:
@@ -738,6 +760,47 @@ def calibrate(replay: Replay, target_us: float | None) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def gpu_bound(replay: Replay, target_us: float) -> bool:
+    """Whether the replay with an infinitely fast host already takes ``target_us``: the
+    window's time then says nothing of the host's speed."""
+    return replay.run(Fix(), 0.0) >= (1 - CALIBRATION_TOLERANCE) * target_us
+
+
+# A measured host time calibrates the host only where the host's time moves with its scale:
+# at least this share of the host time between 0.9 and 1.1 times the scale found (a host that
+# mostly waited on the GPU, at syncs or a full launch queue, says nothing of its own speed).
+MIN_HOST_SENSITIVITY = 0.05
+HOST_SCALE_RANGE = (0.05, 2.0)
+
+
+def calibrate_host(replays: Sequence[Replay], host_us: float) -> float | None:
+    """The host framework scale at which replaying each iteration from an idle GPU makes the
+    host finish in ``host_us`` (the hook's un-profiled dispatch probe: a step started on an
+    idle GPU, timed on the host), the median over ``replays`` (one per iteration); None
+    where no scale in HOST_SCALE_RANGE reaches it or the host's time hardly moves with it."""
+    found = []
+    identity = Fix()
+    lo0, hi0 = HOST_SCALE_RANGE
+    for replay in replays:
+        if not replay.host_time(identity, lo0) <= host_us <= replay.host_time(identity, hi0):
+            continue
+        lo, hi = lo0, hi0
+        for _ in range(CALIBRATION_STEPS + 4):  # the range is wider than calibrate's
+            mid = (lo + hi) / 2
+            if replay.host_time(identity, mid) < host_us:
+                lo = mid
+            else:
+                hi = mid
+        scale = (lo + hi) / 2
+        moved = replay.host_time(identity, 1.1 * scale) - replay.host_time(identity, 0.9 * scale)
+        if moved >= MIN_HOST_SENSITIVITY * host_us:
+            found.append(scale)
+    if not found:
+        return None
+    found.sort()
+    return found[len(found) // 2]
 
 
 def predicted_ms(replay: Replay, fix: Fix, measured_ms: float, host_scale: float,
