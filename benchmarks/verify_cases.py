@@ -288,6 +288,8 @@ def run_verify(case: str, out: str, smoke: bool, max_s: float) -> dict[str, Any]
             "memory_truth": _memory_truth(model, opt),
             "fragmentation_check": _fragmentation_check(at_window, report),
             "dispatch_probe": probe,
+            # the hook's own probe (env unprofiled.host_probe) and the window's un-profiled time
+            "unprofiled": (prof.env or {}).get("unprofiled"),
             "memory_peak_parts": [
                 d.get("peak_parts") for d in (report.get("memory") or {}).get("devices", [])],
             "verification": report.get("verification"),
