@@ -476,6 +476,7 @@ def _predicted_pct(rec: dict[str, Any] | None) -> float | None:
 
 
 def summary(results: dict[str, Any]) -> str:
+    from tb_gpuprof.analysis.savings import MIN_SAVING_PCT
     rows = ["| case | fix | from | predicted | verified in the loop | fresh processes | "
             "verified − fresh |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for case, res in results.items():
@@ -492,7 +493,9 @@ def summary(results: dict[str, Any]) -> str:
             fresh_txt = (f"{fresh_pct:.1f}%" if fresh_pct is not None
                          else str(end.get("error") or "–")[:60])
             v = trial.get("saving_pct")
-            pred = _predicted_pct(recs.get(fix))
+            pred: Any = _predicted_pct(recs.get(fix))
+            if pred is None and first and fix != "aa":  # left out after its prerequisite
+                pred = f"left out (< {MIN_SAVING_PCT:g}%)"
             gap = f"{v - fresh_pct:+.1f}" if v is not None and fresh_pct is not None else "–"
             rows.append(f"| {case} | {fix} | {first or 'as is'} | "
                         f"{pred if pred is not None else '–'} | "

@@ -324,3 +324,16 @@ def test_a_compile_is_not_counted_against_the_trial_that_measures_what_it_made()
     trial = v.section()["trials"]["compile"]
     assert trial["status"] == "measured" and 25.0 < trial["saving_pct"] < 35.0, trial
     assert trial["warmup_seconds"] is not None
+
+
+def test_a_fix_the_report_left_out_is_measured_after_its_prerequisite():
+    # an FP32 loop whose report advises TF32 and leaves bf16 autocast out (re-timed after TF32
+    # it adds too little): verify=["tf32", "amp"] measures amp after tf32, the claim the
+    # report made, not amp from FP32, about which it said nothing
+    from tb_gpuprof.capture.verification import counted_after
+
+    report = {"recommendations": [{"id": "tf32"}]}
+    assert counted_after(report, "amp") == "tf32"
+    assert counted_after(report, "tf32") is None
+    assert counted_after({"recommendations": []}, "amp") is None  # no prerequisite advised
+    assert counted_after(report, "no_such_fix") is None

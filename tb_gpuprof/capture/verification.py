@@ -388,13 +388,17 @@ def switch_for(fix_id: str, model: Any, optimizer: Any) -> tuple[Any | None, str
 
 def counted_after(report: dict[str, Any], fix_id: str) -> str | None:
     """The fix the report's predicted saving of ``fix_id`` is counted after (its rule's
-    Retiming.after, where that rule fired too), or None."""
+    Retiming.after, where that rule fired too), or None. A fix asked for that the report
+    left out (re-timed after its prerequisite, it saved too little to be advised) is counted
+    after that prerequisite too: the trial then tests what the report said of it."""
     from ..analysis.rules import retimed
 
     recs = {r["id"]: r for r in report.get("recommendations") or []}
     estimator = retimed(fix_id)
-    if estimator is None or fix_id not in recs:
+    if estimator is None:
         return None
+    if fix_id not in recs:
+        return estimator.after if estimator.after in recs else None
     return estimator.counted_after(recs[fix_id], set(recs))
 
 
