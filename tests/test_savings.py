@@ -355,3 +355,25 @@ def test_the_hooks_probe_sets_the_host_scale_of_a_real_gpu_bound_window():
     assert scales == sorted(scales) and scales[0] < scales[-1]
     assert scales[1] == pytest.approx(3 * scales[0], rel=0.05)  # host work scales linearly
     assert tf32(400.0) == plain  # beyond reach: no scale from the probe
+
+
+def test_a_host_bound_window_keeps_its_own_calibration_whatever_the_probe():
+    # the launch-bound eager GPT-2 (h200_loops): its un-profiled time already says how fast the
+    # host is, so a probe (here half the iteration) changes nothing
+    import copy
+
+    from tb_gpuprof.analysis.report import build_report
+    from tb_gpuprof.readers import load_profile
+    from tests.real_traces import DATA, context
+
+    path = DATA / "h200_loops" / "gpt2_eager.json.gz"
+    profile = load_profile(str(path), python_calls=False)
+    env = context(path)
+    assert env is not None and env.get("unprofiled")
+    plain = build_report(profile, env=env)["recommendations"]
+    probed = copy.deepcopy(env)
+    probed["unprofiled"]["host_probe"] = {"host_ms": env["unprofiled"]["median_ms"] / 2,
+                                          "steps": 3}
+    assert build_report(profile, env=probed)["recommendations"] == plain
+    assert plain and all("dispatch of a step" not in (r.get("estimate_basis") or "")
+                         for r in plain)
