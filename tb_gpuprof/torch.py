@@ -33,7 +33,7 @@ from typing import Any
 
 from .capture import torch_env as _torch_env
 from .capture import torch_memory, torch_oom
-from .capture.hookcore import GpuProfWarning, HookCore
+from .capture.hookcore import UNPROFILED_MIN, GpuProfWarning, HookCore
 from .capture.torch_window import TorchProfilerWindow
 from .capture.verify_options import DEFAULT_MAX_SECONDS as DEFAULT_VERIFY_MAX_S
 from .capture.verify_options import verify_options
@@ -550,11 +550,13 @@ class GpuProfiler(HookCore):
     # -- the host probe --------------------------------------------------------------------
 
     def _probed(self, step: int) -> bool:
-        """Whether iteration ``step`` is one of the HOST_PROBE_STEPS before the window's
-        warm-up (never iteration 0: start-up)."""
+        """Whether iteration ``step`` is one of the (up to) HOST_PROBE_STEPS before the
+        window's warm-up: only as many as leave UNPROFILED_MIN iterations after iteration 0
+        (start-up) for the un-profiled time."""
         opens = self._window_opens_at()
-        return (self.iter_start is not None and self._window is None
-                and self._analysis is None and max(1, opens - HOST_PROBE_STEPS) <= step < opens)
+        n = min(HOST_PROBE_STEPS, opens - 1 - UNPROFILED_MIN)
+        return (n > 0 and self.iter_start is not None and self._window is None
+                and self._analysis is None and opens - n <= step < opens)
 
     def _begin_probe(self, step: int) -> bool:
         """Let the GPU finish all queued work, so iteration ``step``'s launches find it idle;

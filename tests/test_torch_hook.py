@@ -468,9 +468,11 @@ def test_unprofiled_timing_reaches_the_report(tmp_path):
         train(prof, tiny_cnn(), batches(14))
     scalars = read_scalars(run)["gpuprof/iteration_time_ms"]
     unprof = prof.env["unprofiled"]
-    # before the window, not 0 (start-up) nor 5 (the profiler's warm-up)
-    assert unprof["source"] == "wall_time" and unprof["count"] == 4
-    used = [scalars[i] for i in (1, 2, 3, 4)]
+    # before the window, not 0 (start-up), 4 (the host probe: it leaves 3 iterations) nor 5
+    # (the profiler's warm-up)
+    assert unprof["source"] == "wall_time" and unprof["count"] == 3
+    assert unprof["host_probe"]["steps"] == 1
+    used = [scalars[i] for i in (1, 2, 3)]
     assert unprof["median_ms"] == pytest.approx(statistics.median(used), rel=1e-3)
     it = cli_report(run)["iterations"]  # the report is corrected with it
     assert it["unprofiled_median_ms"] == pytest.approx(unprof["median_ms"], abs=1e-3)
