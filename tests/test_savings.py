@@ -377,3 +377,78 @@ def test_a_host_bound_window_keeps_its_own_calibration_whatever_the_probe():
     assert build_report(profile, env=probed)["recommendations"] == plain
     assert plain and all("dispatch of a step" not in (r.get("estimate_basis") or "")
                          for r in plain)
+
+
+def _paced_step():
+    """20 launches over 2 ms of profiled host time, kernels of 150 us: un-profiled at half
+    that time the host outruns the GPU, so a launch queue of 4 fills and paces it."""
+    ks = [gemm(100.0 * i + 5, 0.0, 150.0) for i in range(20)]
+    return replay(ks, framework=[(0, 2_000)], end=3_100.0)
+
+
+def test_a_probe_paced_by_a_full_launch_queue_gives_no_scale_not_a_wrong_one():
+    r = _paced_step()
+    paced = r.host_time(Fix(), 0.5, queue_depth=4)  # what the probe would measure
+    assert paced > 2_100.0  # the last launch waited for the 16th kernel to start
+    assert r.host_time(Fix(), 0.5) == pytest.approx(1_002.5, rel=0.01)  # a queue never full
+    assert calibrate_host([r], paced) == pytest.approx(paced / 2_000, rel=0.02)  # wrong: > 1
+    assert calibrate_host([r], paced, queue_depth=4) is None  # the host's speed is not in it
+    # a queue deeper than the step's launches never fills: the same scale as without one
+    free = r.host_time(Fix(), 0.5)
+    assert calibrate_host([r], free, queue_depth=64) == pytest.approx(0.5, rel=0.01)
+
+
+def test_the_launch_queue_depth_of_real_gpu_bound_windows():
+    # H200 traces: where the host ran ahead until launches waited for a slot, about a
+    # thousand launched kernels were pending (the queue holds bytes, so it varies by model);
+    # a launch-bound loop never fills it
+    from tb_gpuprof.analysis.stages import blocked_launches, launch_queue_depth
+    from tb_gpuprof.readers import load_profile
+    from tests.real_traces import DATA
+
+    for name in ("vit_fp32", "resnet50_fp32"):
+        prof = load_profile(str(DATA / "h200_ladders" / f"{name}.json.gz"), python_calls=False)
+        assert len(blocked_launches(prof, -1e300, 1e300)[0]) > 100
+        depth = launch_queue_depth(prof, -1e300, 1e300)
+        assert depth is not None and 500 < depth < 1500, (name, depth)
+    eager = load_profile(str(DATA / "h200_loops" / "gpt2_eager.json.gz"), python_calls=False)
+    assert launch_queue_depth(eager, -1e300, 1e300) is None
+
+
+def test_the_held_out_vit_amp_step_comes_true_within_15_percent():
+    # the replay over the host's own iteration spans: where the GPU alone would take 22 ms
+    # after AMP, the host's dispatch bounds the step (predicted 22.4 ms, -16.8%, when the
+    # replay took the host timeline from where the GPU ran the window)
+    import json
+
+    from tb_gpuprof.analysis.report import build_report
+    from tb_gpuprof.readers import load_profile
+    from tests.real_traces import DATA, context
+
+    ladder = DATA / "h200_ladders"
+    path = ladder / "vit_tf32.json.gz"
+    rec = next(r for r in build_report(load_profile(str(path), python_calls=False),
+                                       env=context(path))["recommendations"]
+               if r["id"] == "amp")
+    measured = json.loads((ladder / "vit_bf16.env.json").read_text())["unprofiled"]["median_ms"]
+    assert abs(rec["predicted_iteration_ms"] / measured - 1) <= 0.15, (rec, measured)
+
+
+def test_a_slower_measured_host_leaves_a_gpu_fix_less_to_save():
+    import copy
+
+    from tb_gpuprof.analysis.report import build_report
+    from tb_gpuprof.readers import load_profile
+    from tests.real_traces import DATA, context
+
+    path = DATA / "h200_ladders" / "vit_fp32.json.gz"
+    profile = load_profile(str(path), python_calls=False)
+
+    def tf32_pct(probe_ms: float) -> float:
+        env = copy.deepcopy(context(path))
+        env["unprofiled"]["host_probe"] = {"host_ms": probe_ms, "steps": 3}
+        return next(r["estimated_saving_pct"] for r in build_report(profile, env=env)[
+            "recommendations"] if r["id"] == "tf32")
+
+    fast, slow = tf32_pct(20.0), tf32_pct(100.0)  # the GPU takes 166 ms, 50 ms after TF32
+    assert slow < fast - 10.0, (fast, slow)

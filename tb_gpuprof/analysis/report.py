@@ -104,7 +104,7 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
                                           tally.activities())
     report["recommendations"] = recommend(report, topology=topology)
     savings_stage(report, profile, tally, host, sel.windows, unprofiled_ms,
-                  host_probe_ms(unprofiled))
+                  host_probe_ms(unprofiled), linked.host_windows)
     check_built_report(report)
     return report
 

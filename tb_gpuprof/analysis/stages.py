@@ -1057,12 +1057,14 @@ def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
 
 def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: HostTimeline,
                   windows: list[IterationWindow], unprofiled_ms: float | None,
-                  probe: float | None = None) -> None:
+                  probe: float | None = None,
+                  host_windows: list[IterationWindow] | None = None) -> None:
     """Re-time each recommendation's fix on a replay of the window (analysis/savings.py),
     set severity from the savings, leave out what saves nothing, and order them (in place:
     ``report["recommendations"]`` is replaced). ``probe``: the hook's un-profiled host time
     of a step started on an idle GPU (:func:`host_probe_ms`), which sets the host's speed
-    where a GPU-bound window cannot."""
+    where a GPU-bound window cannot; ``host_windows``: the iterations' host spans
+    (``Linked.host_windows``; ``windows`` have moved to their GPU work)."""
     recs = report["recommendations"]
     measured = unprofiled_ms or report["iterations"]["mean_ms"]
     # LLM-scale windows: the first iterations are enough to re-time (bounded cost)
@@ -1072,15 +1074,15 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
     times = None
     if tally.times is not None:
         times = KernelTimes(*(c[:counts[n - 1]] for c in tally.times))
-    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, windows[:n],
-                           classes, times)
+    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host,
+                           (host_windows or windows)[:n], classes, times)
     # without an un-profiled time (imported traces) the host is taken at the profiler's
     # typical inflation, as for GPU-bound windows: the trace was profiled all the same
     scale = (calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
              else GPU_BOUND_HOST_SCALE)
     note = ""
     if replay and probe and unprofiled_ms and gpu_bound(replay, measured * n * 1e3):
-        probed = probe_host_scale(profile, tally, host, windows[:n], probe)
+        probed = probe_host_scale(profile, tally, host, (host_windows or windows)[:n], probe)
         if probed is not None:
             scale = probed
             note = (f"; the host at {probed:.2f} of its profiled time, from the hook's "
@@ -1105,9 +1107,11 @@ def host_probe_ms(unprofiled: Any) -> float | None:
 def probe_host_scale(profile: Profile, tally: Tally, host: HostTimeline,
                      windows: list[IterationWindow], probe_ms: float) -> float | None:
     """The host scale a GPU-bound window's time cannot give (whatif.calibrate): each of the
-    first iterations replayed alone from an idle GPU, as the hook's probe ran its step, and
-    the scale at which the replayed host finishes in the probe's time
-    (whatif.calibrate_host)."""
+    first iterations' host spans (``windows``: where the host dispatched them, not where
+    their GPU work ran) replayed alone from an idle GPU with the work launched there, as the
+    hook's probe ran its step, and the scale at which the replayed host finishes in the
+    probe's time (whatif.calibrate_host), its launches waiting on a full launch queue as
+    deep as the window's (:func:`launch_queue_depth`)."""
     counts = tally.sim_counts
     replays = []
     for i in range(min(PROBE_ITERATIONS, len(windows), len(counts))):
@@ -1120,7 +1124,8 @@ def probe_host_scale(profile: Profile, tally: Tally, host: HostTimeline,
                                windows[i:i + 1], classes, times)
         if replay is not None:
             replays.append(replay)
-    return calibrate_host(replays, probe_ms * 1e3)
+    depth = launch_queue_depth(profile, windows[0].start_us, windows[-1].end_us)
+    return calibrate_host(replays, probe_ms * 1e3, depth)
 
 
 def syncs_bound(report: dict[str, Any]) -> bool:
@@ -1193,6 +1198,38 @@ def blocked_launches(profile: Profile, lo: float, hi: float) -> tuple[np.ndarray
     long = dur > BLOCKED_LAUNCH_US
     typical = float(np.median(dur[~long])) if (~long).any() else 0.0  # a launch's own cost
     return starts[launch][long] + typical, ends[launch][long]
+
+
+def launch_queue_depth(profile: Profile, lo: float, hi: float) -> int | None:
+    """How many launched kernels the GPU's launch queue held when it was full: at each
+    launch in [lo, hi) that waited for a slot (:func:`blocked_launches`), the earlier
+    launches whose kernel had not started by the time it returned; the median. None where no
+    launch waited (the window never filled the queue). The queue is counted in bytes, not
+    kernels (H200 traces: about 850 launched kernels for a ViT-B/16, 1,050 for a ResNet-50)."""
+    rt = profile.runtime
+    if not len(rt) or not len(profile.gpu):
+        return None
+    names = columns.values(rt, "name")
+    starts, ends = columns.floats(rt, "start_us"), columns.ends(rt)
+    corr = columns.values(rt, "correlation")
+    launch = np.flatnonzero(np.fromiter(("Launch" in n for n in names), bool, len(rt)))
+    began: dict[int, float] = {}
+    for a in profile.gpu:
+        if a.correlation is not None and a.correlation not in began:
+            began[a.correlation] = a.start_us
+    at = [i for i in launch.tolist() if began.get(corr[i]) is not None]
+    if not at:
+        return None
+    order = np.argsort(starts[at], kind="stable")
+    ls, le = starts[at][order], ends[at][order]
+    ks = np.array([began[corr[i]] for i in at], np.float64)[order]
+    # every earlier launch counts (the queue filled before the span), the waits in it only
+    waited = np.flatnonzero((le - ls > BLOCKED_LAUNCH_US) & (ls >= lo) & (ls < hi))
+    if not len(waited):
+        return None
+    pending = [int((ks[:i] > le[i]).sum()) for i in waited.tolist()]
+    depth = int(np.median(pending))
+    return depth if depth > 0 else None
 
 
 def _percentile(values: list[float], q: float) -> float:

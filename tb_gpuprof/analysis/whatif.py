@@ -143,18 +143,21 @@ class Replay:
             table.runs[key] = total
         return total
 
-    def host_time(self, fix: Fix, host_scale: float = 1.0) -> float:
+    def host_time(self, fix: Fix, host_scale: float = 1.0, queue_depth: int | None = None
+                  ) -> float:
         """Replayed time (us) from the window's start until the host has finished its work
         under ``fix``, with the waits its syncs make: on a window of one iteration, what the
-        host takes to dispatch that iteration when it starts on an idle GPU."""
+        host takes to dispatch that iteration when it starts on an idle GPU. ``queue_depth``:
+        a launch waits while that many launched kernels have not started (the GPU's full
+        launch queue); None: the queue never fills."""
         table = self._table or self._prepare()
         host_done, _, origin = self._simulate(fix, host_scale, table,
-                                              *table.class_factors(fix))
+                                              *table.class_factors(fix), queue_depth)
         return host_done - origin
 
     def _simulate(self, fix: Fix, host_scale: float, table: _EventTable,
-                  per_class: np.ndarray | None, durations_key: bytes | None
-                  ) -> tuple[float, float, float]:
+                  per_class: np.ndarray | None, durations_key: bytes | None,
+                  queue_depth: int | None = None) -> tuple[float, float, float]:
         """(the host's end, the GPU's end, the window's start) on the replayed clock."""
         factor = fix.kernel_factor
         rates = {"framework": fix.framework_rate * host_scale,
@@ -174,8 +177,11 @@ class Replay:
                                   else 0.0 for k in table.kernels], np.float64)
         queue = table.queue_column
         state = _Queues(origin, table.queues, self.latency_us, self.gap_us)
-        if not (np.isfinite(now).all() and np.isfinite(durations).all()
-                and np.isfinite([origin, self.latency_us, self.gap_us]).all()):
+        if queue_depth is not None:
+            state.loop(now.tolist(), table.queue, durations.tolist(), fix.syncs_wait,
+                       queue_depth)
+        elif not (np.isfinite(now).all() and np.isfinite(durations).all()
+                  and np.isfinite([origin, self.latency_us, self.gap_us]).all()):
             state.loop(now.tolist(), table.queue, durations.tolist(), fix.syncs_wait)
         else:
             state.columns(now, queue, durations, fix.syncs_wait)
@@ -217,21 +223,29 @@ class _Queues:
         self.gpu_done = float("-inf")
 
     def loop(self, now_of: list[float], queues: list[int], durations: list[float],
-             syncs_wait: bool) -> None:
-        """One event at a time (the reference; NaN and infinities take it)."""
+             syncs_wait: bool, depth: int | None = None) -> None:
+        """One event at a time (the reference; NaN and infinities take it). ``depth``: a
+        launch waits until the kernel launched ``depth`` launches before it has started."""
         free, latency, gap = self.free, self.latency, self.gap
         waited, gpu_done = self.waited, self.gpu_done
+        begins: list[float] = []
         for now0, queue, dur in zip(now_of, queues, durations, strict=True):
             if queue < 0:  # a host sync: wait for all work launched before it
                 if syncs_wait and gpu_done > now0 + waited:
                     waited += gpu_done - (now0 + waited)
                 continue
+            if depth is not None and len(begins) >= depth:
+                slot = begins[len(begins) - depth]  # the launch queue is full until then
+                if slot > now0 + waited:
+                    waited += slot - (now0 + waited)
             begin = now0 + waited + latency  # max(now + latency, free + gap), as max() picks
             ready = free[queue] + gap
             if ready > begin:
                 begin = ready
             end = begin + dur
             free[queue] = end
+            if depth is not None:
+                begins.append(begin)
             if end > gpu_done:
                 gpu_done = end
         self.waited, self.gpu_done = waited, gpu_done
@@ -775,26 +789,33 @@ MIN_HOST_SENSITIVITY = 0.05
 HOST_SCALE_RANGE = (0.05, 2.0)
 
 
-def calibrate_host(replays: Sequence[Replay], host_us: float) -> float | None:
+def calibrate_host(replays: Sequence[Replay], host_us: float,
+                   queue_depth: int | None = None) -> float | None:
     """The host framework scale at which replaying each iteration from an idle GPU makes the
     host finish in ``host_us`` (the hook's un-profiled dispatch probe: a step started on an
     idle GPU, timed on the host), the median over ``replays`` (one per iteration); None
-    where no scale in HOST_SCALE_RANGE reaches it or the host's time hardly moves with it."""
+    where no scale in HOST_SCALE_RANGE reaches it or the host's time hardly moves with it.
+    ``queue_depth``: the GPU's launch queue as the window showed it (a probe whose launches
+    filled it waited for the GPU, as the replay then does)."""
     found = []
     identity = Fix()
     lo0, hi0 = HOST_SCALE_RANGE
+
+    def host(replay: Replay, scale: float) -> float:
+        return replay.host_time(identity, scale, queue_depth)
+
     for replay in replays:
-        if not replay.host_time(identity, lo0) <= host_us <= replay.host_time(identity, hi0):
+        if not host(replay, lo0) <= host_us <= host(replay, hi0):
             continue
         lo, hi = lo0, hi0
         for _ in range(CALIBRATION_STEPS + 4):  # the range is wider than calibrate's
             mid = (lo + hi) / 2
-            if replay.host_time(identity, mid) < host_us:
+            if host(replay, mid) < host_us:
                 lo = mid
             else:
                 hi = mid
         scale = (lo + hi) / 2
-        moved = replay.host_time(identity, 1.1 * scale) - replay.host_time(identity, 0.9 * scale)
+        moved = host(replay, 1.1 * scale) - host(replay, 0.9 * scale)
         if moved >= MIN_HOST_SENSITIVITY * host_us:
             found.append(scale)
     if not found:
