@@ -241,9 +241,7 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
 
 
 def _union(*spans: _Spans) -> Coverage:
-    starts = np.concatenate([s for s, _ in spans])
-    ends = np.concatenate([e for _, e in spans])
-    return Coverage.of_arrays(starts, ends)
+    return Coverage.union(spans)
 
 
 def _clip(cov: Coverage, a: float, b: float) -> Intervals:
