@@ -270,38 +270,34 @@ def _launch_columns(profile: Profile, calls: array, folds: list[tuple]) -> Launc
     rt = profile.runtime
     correlation = columns.values(rt, "correlation")
     wide = np.int32 if len(profile.cpu_ops) < 2**31 else np.int64
-    # each distinct fold once: its kind, phase, FLOPs op, launching op and optimizer range
-    fold_of: dict[int, int] = {}
+    # each distinct fold once (told apart by identity: the folds are alive in ``folds``): its
+    # kind, phase, FLOPs op, launching op and optimizer range
+    ids = np.fromiter(map(id, folds), np.int64, len(folds))
+    _, first, of = np.unique(ids, return_index=True, return_inverse=True)
+    del ids
+    of = of.reshape(-1)
     kind_of: dict[tuple[int, bool, int, int], int] = {}
     kinds: list[tuple[str | None, bool, list[str] | None, str | None]] = []
     per_fold: list[tuple[int, int, int, int, int]] = []
-
-    def code_of(acc: tuple) -> int:
-        code = fold_of.get(id(acc))
-        if code is None:
-            code = fold_of[id(acc)] = len(per_fold)
-            (outer, _inner, is_elig, flop_op, types, source, launch_op, opt_range, backward,
-             saw_op) = acc
-            key = (id(outer), is_elig, id(types), id(source))
-            k = kind_of.get(key)
-            if k is None:
-                k = kind_of[key] = len(kinds)
-                kinds.append((outer, is_elig, types, source))
-            # Backward wins over an enclosing optimizer step: closure optimizers (Lightning's
-            # automatic optimisation, LBFGS) run forward and backward inside step(closure).
-            if backward:
-                phase = _BACKWARD
-            elif opt_range is not None:
-                phase = _OPTIMIZER
-            else:  # no framework op around the launch (XLA, raw CUDA): unknown
-                phase = _FORWARD if saw_op else _NO_PHASE
-            per_fold.append((k, phase, -1 if flop_op is None else flop_op,
-                             -1 if launch_op is None else launch_op,
-                             -1 if opt_range is None else opt_range))
-        return code
-
-    of = np.fromiter(map(code_of, folds), np.int64, len(folds))
-    fold_of.clear()
+    for acc in map(folds.__getitem__, first.tolist()):
+        (outer, _inner, is_elig, flop_op, types, source, launch_op, opt_range, backward,
+         saw_op) = acc
+        key = (id(outer), is_elig, id(types), id(source))
+        k = kind_of.get(key)
+        if k is None:
+            k = kind_of[key] = len(kinds)
+            kinds.append((outer, is_elig, types, source))
+        # Backward wins over an enclosing optimizer step: closure optimizers (Lightning's
+        # automatic optimisation, LBFGS) run forward and backward inside step(closure).
+        if backward:
+            phase = _BACKWARD
+        elif opt_range is not None:
+            phase = _OPTIMIZER
+        else:  # no framework op around the launch (XLA, raw CUDA): unknown
+            phase = _FORWARD if saw_op else _NO_PHASE
+        per_fold.append((k, phase, -1 if flop_op is None else flop_op,
+                         -1 if launch_op is None else launch_op,
+                         -1 if opt_range is None else opt_range))
     table = np.array(per_fold or [(0, 0, -1, -1, -1)], np.int64).reshape(-1, 5)
     call = np.frombuffer(calls, np.int64) if len(calls) else np.empty(0, np.int64)
     # the launch's start is the call's start_us (the same float, from its column)
