@@ -8,7 +8,6 @@ containment search, so million-event traces stay fast.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from operator import attrgetter
 from typing import Any
@@ -66,11 +65,12 @@ def link_launches(profile: Profile, is_eligible
 
     Also returns the FLOPs of each op (index into profile.cpu_ops) some launch ran under.
     """
-    calls = array("q")  # per launch, in sweep order: its runtime call
-    folds: list[tuple] = []  # and the fold of the stack it ran under (shared between launches)
+    calls: list[np.ndarray] = []  # per sweep its launches' runtime calls, in sweep order
+    folds: list[tuple] = []  # and per launch the fold of the stack it ran under (shared)
     fold = _StackFold(profile, is_eligible)
     opens_optimizer = [fold.opens_optimizer(a) for a in fold.host_ann]
     for swept in _sweeps(profile, fold.host_ann):
+        calls.append(swept[2][swept[1] == _LAUNCH])  # every launch is met once, in this order
         # Each entry carries the fold of the stack up to it, made when it is pushed, so a
         # launch reads its context off the top. The bottom entry never pops (NaN <= x is
         # false); an op's FLOPs count once some launch ran under it (``recorded``: the
@@ -99,9 +99,9 @@ def link_launches(profile: Profile, is_eligible
             if recorded < len(stack):
                 fold.record(stack, recorded)
                 recorded = len(stack)
-            calls.append(idx)
             folds.append(acc)
-    return _launch_columns(profile, calls, folds), fold.flops
+    call = np.concatenate(calls) if calls else np.empty(0, np.int64)
+    return _launch_columns(profile, call.astype(np.int64, copy=False), folds), fold.flops
 
 
 # the phases as Launches.phase codes
@@ -264,7 +264,7 @@ class Launches:
         return list(zip(self.keys(), self.values(), strict=True))
 
 
-def _launch_columns(profile: Profile, calls: array, folds: list[tuple]) -> Launches:
+def _launch_columns(profile: Profile, call: np.ndarray, folds: list[tuple]) -> Launches:
     """The sweep's launches (their runtime calls and folds, in sweep order) as columns: one
     row per correlation, closures split (:func:`_split_closures`)."""
     rt = profile.runtime
@@ -299,7 +299,6 @@ def _launch_columns(profile: Profile, calls: array, folds: list[tuple]) -> Launc
                          -1 if launch_op is None else launch_op,
                          -1 if opt_range is None else opt_range))
     table = np.array(per_fold or [(0, 0, -1, -1, -1)], np.int64).reshape(-1, 5)
-    call = np.frombuffer(calls, np.int64) if len(calls) else np.empty(0, np.int64)
     # the launch's start is the call's start_us (the same float, from its column)
     launch_us = columns.floats(rt, "start_us")[call]
     kind, phase = table[of, 0].astype(np.int32), table[of, 1].astype(np.int8)
