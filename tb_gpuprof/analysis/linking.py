@@ -69,6 +69,7 @@ def link_launches(profile: Profile, is_eligible
     folds: list[tuple] = []  # and per launch the fold of the stack it ran under (shared)
     fold = _StackFold(profile, is_eligible)
     opens_optimizer = [fold.opens_optimizer(a) for a in fold.host_ann]
+    add_fold, push_op, op_kind, launch_kind = folds.append, fold.push_op, _OP, _LAUNCH
     for swept in _sweeps(profile, fold.host_ann):
         calls.append(swept[2][swept[1] == _LAUNCH])  # every launch is met once, in this order
         # Each entry carries the fold of the stack up to it, made when it is pushed, so a
@@ -77,29 +78,31 @@ def link_launches(profile: Profile, is_eligible
         # entries below that depth did).
         stack: list[list] = [[_NAN, _EMPTY, None, 0]]  # [end, fold, FLOPs, op index]
         top_end, acc, recorded = _NAN, _EMPTY, 1
-        for start, kind, idx, end in _as_python(swept):
-            if top_end <= start:
-                stack.pop()
-                while stack[-1][0] <= start:
+        for rows in _python_chunks(swept):
+            for start, kind, idx, end in rows:
+                if top_end <= start:
                     stack.pop()
-                top_end, acc = stack[-1][0], stack[-1][1]
-                if recorded > len(stack):
-                    recorded = len(stack)
-            if kind == _OP:
-                acc, flops = fold.push_op(acc, idx)
-                stack.append([end, acc, flops, idx])
-                top_end = end
-                continue
-            if kind == _ANNOTATION:  # an optimizer step opens its range (XPlane: ~100k)
+                    while stack[-1][0] <= start:
+                        stack.pop()
+                    top_end, acc = stack[-1][0], stack[-1][1]
+                    if recorded > len(stack):
+                        recorded = len(stack)
+                if kind == launch_kind:  # the most common event: tested first
+                    if recorded < len(stack):
+                        fold.record(stack, recorded)
+                        recorded = len(stack)
+                    add_fold(acc)
+                    continue
+                if kind == op_kind:
+                    acc, flops = push_op(acc, idx)
+                    stack.append([end, acc, flops, idx])
+                    top_end = end
+                    continue
+                # an annotation: an optimizer step opens its range (XPlane: ~100k)
                 if acc[7] is None and opens_optimizer[idx]:
                     acc = (*acc[:7], idx, *acc[8:])
                 stack.append([end, acc, None, idx])
                 top_end = end
-                continue
-            if recorded < len(stack):
-                fold.record(stack, recorded)
-                recorded = len(stack)
-            folds.append(acc)
     call = np.concatenate(calls) if calls else np.empty(0, np.int64)
     return _launch_columns(profile, call.astype(np.int64, copy=False), folds), fold.flops
 
@@ -414,12 +417,18 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
 SWEEP_CHUNK = 1 << 18  # events turned into Python objects at a time (a 2 GB trace: 3.4 M)
 
 
-def _as_python(columns_: tuple[np.ndarray, ...]) -> Iterator[tuple[Any, ...]]:
+def _python_chunks(columns_: tuple[np.ndarray, ...]) -> Iterator[Iterator[tuple[Any, ...]]]:
     """The rows of the sweep's columns as Python values, converted a chunk at a time: the
     whole sweep as lists held ~370 MB at once on a 2 GB trace, the report's peak."""
     n = len(columns_[0])
     for at in range(0, n, SWEEP_CHUNK):
-        yield from zip(*(c[at:at + SWEEP_CHUNK].tolist() for c in columns_), strict=True)
+        yield zip(*(c[at:at + SWEEP_CHUNK].tolist() for c in columns_), strict=True)
+
+
+def _as_python(columns_: tuple[np.ndarray, ...]) -> Iterator[tuple[Any, ...]]:
+    """:func:`_python_chunks`' rows one after the other."""
+    for rows in _python_chunks(columns_):
+        yield from rows
 
 
 def _launches_by_thread(rt: list[RuntimeCall]) -> dict[Any, np.ndarray]:
