@@ -144,3 +144,25 @@ def test_columnar_coverage_answers_scalar_queries_like_the_merged_list():
                                       if s < b and e > a]
             want_gaps = subtract([(a, b)], merged) if b > a else []
             assert cov.gaps(a, b) == want_gaps
+
+
+def test_union_of_parts_is_the_coverage_of_their_concatenation():
+    """Coverage.union merges each part first, then the parts' runs: the same runs, bit for
+    bit, as one merge of all the spans (ties, touching and empty spans, NaN, empty parts)."""
+    import numpy as np
+
+    rng = random.Random(39)
+    for _ in range(200):
+        parts = []
+        for _ in range(rng.randrange(1, 4)):
+            n = rng.choice([0, 1, 5, 300])
+            s = np.array([rng.randrange(0, 400) / 2 for _ in range(n)], np.float64)
+            e = s + np.array([rng.choice([0, 0.5, 1, 3, 40, -1]) for _ in range(n)])
+            if n and rng.random() < 0.2:
+                s[rng.randrange(n)] = float("nan")
+            parts.append((s, e))
+        one = Coverage.of_arrays(np.concatenate([s for s, _ in parts]),
+                                 np.concatenate([e for _, e in parts]))
+        got = Coverage.union(parts)
+        for a, b in zip(got.arrays(), one.arrays(), strict=True):
+            assert a.tobytes() == b.tobytes()

@@ -74,18 +74,39 @@ def _lazy_link(profile: Profile, is_eligible) -> tuple[dict, dict]:
                                               source, launch_op)
             if opt_range is not None:
                 in_optimizer[corr] = opt_range
-    linking._split_closures(out, in_optimizer)
+    _split_closures(out, in_optimizer)
     return out, {i: f for i, f in fold.lazy_flops.items() if f}
+
+
+def _split_closures(out: dict, in_optimizer: dict) -> None:
+    """The closures' split on a dict of LaunchContext, before linking kept them in columns."""
+    last_backward: dict[int, float] = {}
+    for corr, rng in in_optimizer.items():
+        ctx = out[corr]
+        if ctx.phase == linking.BACKWARD and ctx.launch_us > last_backward.get(rng, float("-inf")):
+            last_backward[rng] = ctx.launch_us
+    for corr, rng in in_optimizer.items():
+        ctx = out[corr]
+        if ctx.phase == linking.OPTIMIZER_PHASE and \
+                ctx.launch_us < last_backward.get(rng, float("-inf")):
+            ctx.phase = linking.FORWARD
 
 
 def _assert_same(profile: Profile) -> tuple[dict, dict]:
     with column_scope():
         eager, eager_flops = linking.link_launches(profile, is_tc_eligible_op)
     lazy, lazy_flops = _lazy_link(profile, is_tc_eligible_op)
-    assert list(eager) == list(lazy)
+    assert list(eager) == list(lazy) and len(eager) == len(lazy)
     for corr, ctx in lazy.items():
         assert repr(msgspec.structs.astuple(eager[corr])) == repr(msgspec.structs.astuple(ctx))
         assert eager[corr].input_types is ctx.input_types
+    # the columns' bulk lookup and the mapping's agree, absent ids included
+    probe = [*lazy, None, -1, max(lazy, default=0) + 1, *list(lazy)[:3]]
+    rows = eager.rows(probe)
+    assert [eager.get(c) is None for c in probe] == (rows < 0).tolist()
+    assert [c in eager for c in probe] == (rows >= 0).tolist()
+    assert repr([msgspec.structs.astuple(c) if c else c for c in eager.contexts(rows)]) == \
+        repr([msgspec.structs.astuple(lazy[c]) if c in lazy else None for c in probe])
     assert repr(list(eager_flops.items())) == repr(list(lazy_flops.items()))
     return eager, eager_flops
 

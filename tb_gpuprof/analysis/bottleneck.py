@@ -160,11 +160,15 @@ def pageable_copy_correlations(profile: Profile, *directions: str) -> set[int]:
     one of ``directions`` ("DtoH", "HtoD", ...), read off the GPU list's columns (the report
     reads them anyway), not its objects."""
     gpu = profile.gpu
+    # each distinct name judged once: most traces hold no such copy, and then no pass
+    names = {name for name in columns.distinct(gpu, "name")
+             if "Pageable" in name and any(d in name for d in directions)}
+    if not names:
+        return set()
     return {c for c, kind, name in zip(columns.values(gpu, "correlation"),
                                        columns.values(gpu, "kind"),
                                        columns.values(gpu, "name"), strict=True)
-            if kind != KERNEL and c is not None and "Pageable" in name
-            and any(d in name for d in directions)}
+            if kind != KERNEL and c is not None and name in names}
 
 
 def blocking_copy_correlations(profile: Profile) -> set[int]:
@@ -241,9 +245,7 @@ def _split_spans(items: Sequence[Any], tids: set[int], blocking: set[int]
 
 
 def _union(*spans: _Spans) -> Coverage:
-    starts = np.concatenate([s for s, _ in spans])
-    ends = np.concatenate([e for _, e in spans])
-    return Coverage.of_arrays(starts, ends)
+    return Coverage.union(spans)
 
 
 def _clip(cov: Coverage, a: float, b: float) -> Intervals:

@@ -86,6 +86,9 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
     sel = select_iterations(profile, key, iter_start, iter_stop)
     linked = assign_to_iterations(profile, sel.windows)
     tally = tally_activities(linked.per_window, linked.times)
+    activities = tally.activities()
+    if activities is not None:  # the roofline reads these columns: the pairs' last reader is
+        linked.per_window = []  # done (at 2 GB their launch contexts alone are ~100 MB)
     host = host_timeline(profile)  # what the host threads did: idle, bottleneck and savings read it
     idle = attribute_idle(profile, sel.windows, tally.windows, host.blocking)
     forget(profile.cpu_ops)  # its last column reader: the ops' coverage
@@ -101,7 +104,7 @@ def _build(profile: Profile, iter_start: int | None, iter_stop: int | None, key:
     report["throughput"] = throughput_section(report, peak_tflops=peak_tflops)
     report["memory"] = memory_section(profile, linked.host_windows, telemetry, memory_record)
     report["roofline"] = roofline_section(report, profile, linked.per_window, linked.op_flops,
-                                          tally.activities())
+                                          activities)
     report["recommendations"] = recommend(report, topology=topology)
     savings_stage(report, profile, tally, host, sel.windows, unprofiled_ms,
                   host_probe_ms(unprofiled), linked.host_windows)

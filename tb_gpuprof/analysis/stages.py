@@ -43,7 +43,15 @@ from .classify import (
 from .demangle import demangle
 from .intervals import Coverage, segment_sums
 from .iterations import IterationPlan, IterationWindow, plan_iterations, select_windows
-from .linking import BACKWARD, FORWARD, OPTIMIZER_PHASE, LaunchContext, link_launches
+from .linking import (
+    BACKWARD,
+    FORWARD,
+    OPTIMIZER_PHASE,
+    PHASE_CODES,
+    LaunchContext,
+    Launches,
+    link_launches,
+)
 from .roofline import Activities
 from .savings import finalize, retime
 from .whatif import (
@@ -80,7 +88,7 @@ class IterationSelection:
 @dataclass(slots=True)
 class Linked:
     """Stage 2: launches linked to their ops, and each iteration's GPU work."""
-    launches: dict[int, LaunchContext]
+    launches: Launches
     op_flops: dict[int, float]
     per_window: list[Assigned]
     # the iterations' host-side bounds, before align_to_gpu moves them to the GPU's: allocator
@@ -181,13 +189,12 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
     gpu = profile.gpu
     n = len(gpu)
     correlation = columns.values(gpu, "correlation")
-    contexts: list[LaunchContext | None] = list(map(launches.get, correlation))  # get(None): None
-    linked = np.fromiter([c is not None for c in contexts], bool, n)
+    rows = launches.rows(correlation)  # each activity's launch, -1 for none
+    launches.forget_index()  # the sync sites' few lookups make it again (at 2 GB: 21 MB)
+    linked = rows >= 0
     starts = columns.floats(gpu, "start_us")
     launched = starts.copy()  # the launch's time, else the activity's own start
-    at = np.flatnonzero(linked)
-    launched[at] = np.fromiter([contexts[i].launch_us for i in at.tolist()], np.float64,
-                               len(at))
+    launched[linked] = launches.launch_us[rows[linked]]
     window = _window_of(windows, launched)
     retry = (window < 0) & linked
     window[retry] = _window_of(windows, starts[retry])  # launched outside every window
@@ -197,8 +204,9 @@ def assign_to_iterations(profile: Profile, windows: list[IterationWindow]) -> Li
         window[~linked & np.fromiter(map(bool, correlation), bool, n)] = -1
     assigned = np.flatnonzero(window >= 0)
     order = assigned[np.argsort(window[assigned], kind="stable")]  # by window, then in turn
-    pairs = list(zip(map(gpu.__getitem__, order.tolist()),
-                     map(contexts.__getitem__, order.tolist()), strict=True))
+    # a LaunchContext for each assigned activity's launch only (shared by its activities)
+    pairs = list(zip(map(gpu.__getitem__, order.tolist()), launches.contexts(rows[order]),
+                     strict=True))
     bounds = np.cumsum(np.bincount(window[assigned], minlength=len(windows))).tolist()
     per_window: list[Assigned] = [pairs[a:b] for a, b in zip([0, *bounds[:-1]], bounds,
                                                                strict=True)]
@@ -968,20 +976,19 @@ def _covered(cov: Coverage, lo: float, hi: float) -> float:
     return sum(e - s for s, e in cov.clip(lo, hi)) if hi > lo else 0.0
 
 
-def _phase_launches(profile: Profile, launches: dict[int, LaunchContext]
-                    ) -> tuple[np.ndarray, np.ndarray]:
+def _phase_launches(profile: Profile, launches: Launches) -> tuple[np.ndarray, np.ndarray]:
     """Launch times, ascending, of the kernels (not copies) launched in the forward and of
-    everything launched in the backward (one pass over the launches)."""
+    everything launched in the backward (from the launches' columns, in their order)."""
     kernels = {c for c, k in zip(columns.values(profile.gpu, "correlation"),
                                  columns.values(profile.gpu, "kind"), strict=True)
                if k == KERNEL}
-    fwd, bwd = [], []
-    for corr, c in launches.items():
-        if c.phase == BACKWARD:
-            bwd.append(c.launch_us)
-        elif c.phase == FORWARD and corr in kernels:
-            fwd.append(c.launch_us)
-    return np.sort(np.array(fwd, np.float64)), np.sort(np.array(bwd, np.float64))
+    phase = launches.phase
+    bwd = launches.launch_us[phase == PHASE_CODES[BACKWARD]]
+    forward = np.flatnonzero(phase == PHASE_CODES[FORWARD])
+    fwd = launches.launch_us[forward[np.fromiter(
+        map(kernels.__contains__, launches.ids(forward)), bool, len(forward))]]
+    return np.sort(fwd), np.sort(bwd)
+
 
 
 def _model_spans(fwd: np.ndarray, bwd: np.ndarray, windows: list[IterationWindow]
@@ -1028,7 +1035,7 @@ def _inside_forward(fwd: np.ndarray, bwd: np.ndarray, windows: list[IterationWin
     return inside
 
 
-def sync_sites(profile: Profile, launches: dict[int, LaunchContext],
+def sync_sites(profile: Profile, launches: Launches,
                windows: list[IterationWindow], blocking: set[int],
                inside: Callable[[float], bool] | None = None) -> list[dict[str, Any]]:
     """Where the host blocked on the device inside the analyzed iterations: the op that did it
