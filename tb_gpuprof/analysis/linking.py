@@ -68,9 +68,10 @@ def link_launches(profile: Profile, is_eligible
     calls: list[np.ndarray] = []  # per sweep its launches' runtime calls, in sweep order
     folds: list[tuple] = []  # and per launch the fold of the stack it ran under (shared)
     fold = _StackFold(profile, is_eligible)
-    opens_optimizer = [fold.opens_optimizer(a) for a in fold.host_ann]
+    host = _host_annotations(profile)
+    opens_optimizer = host[2]
     add_fold, push_op, op_kind, launch_kind = folds.append, fold.push_op, _OP, _LAUNCH
-    for swept in _sweeps(profile, fold.host_ann):
+    for swept in _sweeps(profile, None, host[:2]):
         calls.append(swept[2][swept[1] == _LAUNCH])  # every launch is met once, in this order
         # Each entry carries the fold of the stack up to it, made when it is pushed, so a
         # launch reads its context off the top. The bottom entry never pops (NaN <= x is
@@ -377,11 +378,31 @@ _NAN = float("nan")
 _START, _DUR, _TID = attrgetter("start_us"), attrgetter("dur_us"), attrgetter("tid")
 
 
-def _sweeps(profile: Profile, host_ann: list[Annotation]
+def _host_annotations(profile: Profile) -> tuple[np.ndarray, np.ndarray, list[bool]]:
+    """The host annotations' (``not on_gpu``, in the order of :attr:`_StackFold.host_ann`)
+    start and duration columns, and whether each opens an optimizer step
+    (:meth:`_StackFold.opens_optimizer`), from the report's shared columns of
+    ``profile.annotations``: the bottleneck reads the same ones, so an XPlane's ~300k
+    annotations are read once, not again here. Each distinct (name, kind) is judged once."""
+    anns = profile.annotations
+    n = len(anns)
+    host = ~np.fromiter(columns.values(anns, "on_gpu"), bool, n)
+    names, kinds = columns.values(anns, "name"), columns.values(anns, "kind")
+    judged = {key: key[1] == OPTIMIZER or key[0].startswith("Optimizer.")
+              for key in set(zip(names, kinds, strict=True))}
+    opens = np.fromiter(map(judged.__getitem__, zip(names, kinds, strict=True)), bool, n)
+    return (columns.floats(anns, "start_us")[host], columns.floats(anns, "dur_us")[host],
+            opens[host].tolist())
+
+
+def _sweeps(profile: Profile, host_ann: list[Annotation] | None,
+            ann_columns: tuple[np.ndarray, np.ndarray] | None = None
             ) -> Iterator[tuple[np.ndarray, ...]]:
     """Per launching thread: its ops, the host annotations and its correlated launches as
     (start, kind, index, end) columns, ordered by (start, -duration, kind, index). Threads
-    that launch nothing are skipped: no launch of theirs needs a context."""
+    that launch nothing are skipped: no launch of theirs needs a context. The annotations'
+    (start, duration) columns are ``ann_columns`` where given (:func:`_host_annotations`),
+    else read from ``host_ann``."""
     ops = profile.cpu_ops
     tids = columns.values(ops, "tid")
     distinct = set(columns.distinct(ops, "tid"))
@@ -394,8 +415,13 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
         op_tid = np.fromiter(map(codes.__getitem__, tids), np.int64, len(ops))
     op_start = columns.floats(ops, "start_us")
     op_dur = columns.floats(ops, "dur_us")
-    ann_start = np.array([a.start_us for a in host_ann], np.float64)
-    ann_dur = np.array([a.dur_us for a in host_ann], np.float64)
+    if ann_columns is None:
+        assert host_ann is not None
+        ann_start = np.array([a.start_us for a in host_ann], np.float64)
+        ann_dur = np.array([a.dur_us for a in host_ann], np.float64)
+    else:
+        ann_start, ann_dur = ann_columns
+    n_ann = len(ann_start)
     rt = profile.runtime
     rt_start = columns.floats(rt, "start_us")
     # Annotations carry no tid in the model: put them on every thread that launches work.
@@ -405,9 +431,9 @@ def _sweeps(profile: Profile, host_ann: list[Annotation]
         call_start = rt_start[calls]
         starts = np.concatenate([op_start[op_idx], ann_start, call_start])
         durs = np.concatenate([op_dur[op_idx], ann_dur, np.zeros(len(calls))])
-        kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(len(host_ann), _ANNOTATION),
+        kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(n_ann, _ANNOTATION),
                                 np.full(len(calls), _LAUNCH)])
-        index = np.concatenate([op_idx, np.arange(len(host_ann)), calls])
+        index = np.concatenate([op_idx, np.arange(n_ann), calls])
         order = _sweep_order(starts, durs, kinds, index)
         swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
@@ -487,11 +513,20 @@ class _StackFold:
 
     def __init__(self, profile: Profile, is_eligible: Callable[[str], Any]) -> None:
         self.ops = profile.cpu_ops
-        self.host_ann = [a for a in profile.annotations if not a.on_gpu]
+        self._annotations = profile.annotations
+        self._host_ann: list[Annotation] | None = None
         self.is_eligible = is_eligible
         self.names: dict[str, tuple[bool, bool, bool]] = {}  # backward, eligible, shown
         self.flops: dict[int, float] = {}  # op index -> its FLOPs, for ops a launch ran under
         self._flops_memo: dict[tuple[str, int, int], tuple[Any, Any, float | None]] = {}
+
+    @property
+    def host_ann(self) -> list[Annotation]:
+        """The annotations of the host (not ``on_gpu``), made at first use (the sweep reads
+        their columns instead: :func:`_host_annotations`)."""
+        if self._host_ann is None:
+            self._host_ann = [a for a in self._annotations if not a.on_gpu]
+        return self._host_ann
 
     def _shape_flops(self, op: CpuOp) -> float | None:
         """op_flops of an op without recorded FLOPs, once per (name, shapes, concrete inputs)
