@@ -71,7 +71,7 @@ def link_launches(profile: Profile, is_eligible
     host = _host_annotations(profile)
     opens_optimizer = host[2]
     add_fold, push_op, op_kind, launch_kind = folds.append, fold.push_op, _OP, _LAUNCH
-    for swept in _sweeps(profile, None, host[:2]):
+    for swept in _sweeps(profile, None, host[:2], inert_annotations=not any(opens_optimizer)):
         calls.append(swept[2][swept[1] == _LAUNCH])  # every launch is met once, in this order
         # Each entry carries the fold of the stack up to it, made when it is pushed, so a
         # launch reads its context off the top. The bottom entry never pops (NaN <= x is
@@ -396,13 +396,14 @@ def _host_annotations(profile: Profile) -> tuple[np.ndarray, np.ndarray, list[bo
 
 
 def _sweeps(profile: Profile, host_ann: list[Annotation] | None,
-            ann_columns: tuple[np.ndarray, np.ndarray] | None = None
-            ) -> Iterator[tuple[np.ndarray, ...]]:
+            ann_columns: tuple[np.ndarray, np.ndarray] | None = None,
+            inert_annotations: bool = False) -> Iterator[tuple[np.ndarray, ...]]:
     """Per launching thread: its ops, the host annotations and its correlated launches as
     (start, kind, index, end) columns, ordered by (start, -duration, kind, index). Threads
     that launch nothing are skipped: no launch of theirs needs a context. The annotations'
     (start, duration) columns are ``ann_columns`` where given (:func:`_host_annotations`),
-    else read from ``host_ann``."""
+    else read from ``host_ann``; ``inert_annotations`` (none opens an optimizer step): they
+    are left out of the threads without ops."""
     ops = profile.cpu_ops
     tids = columns.values(ops, "tid")
     distinct = set(columns.distinct(ops, "tid"))
@@ -422,6 +423,7 @@ def _sweeps(profile: Profile, host_ann: list[Annotation] | None,
     else:
         ann_start, ann_dur = ann_columns
     n_ann = len(ann_start)
+    no_ann = np.empty(0, np.float64)
     rt = profile.runtime
     rt_start = columns.floats(rt, "start_us")
     # Annotations carry no tid in the model: put them on every thread that launches work.
@@ -429,11 +431,16 @@ def _sweeps(profile: Profile, host_ann: list[Annotation] | None,
         op_idx = (np.flatnonzero(op_tid == codes[tid]) if tid in codes
                   else np.empty(0, np.int64))
         call_start = rt_start[calls]
-        starts = np.concatenate([op_start[op_idx], ann_start, call_start])
-        durs = np.concatenate([op_dur[op_idx], ann_dur, np.zeros(len(calls))])
-        kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(n_ann, _ANNOTATION),
+        # A thread without ops whose annotations open no optimizer step (``inert``): every
+        # launch's context is the empty fold with or without them (an XPlane's ~300k
+        # TraceMe ranges), and the launches keep their order, so they are left out.
+        ann = (no_ann, no_ann, 0) if inert_annotations and not len(op_idx) else (
+            ann_start, ann_dur, n_ann)
+        starts = np.concatenate([op_start[op_idx], ann[0], call_start])
+        durs = np.concatenate([op_dur[op_idx], ann[1], np.zeros(len(calls))])
+        kinds = np.concatenate([np.full(len(op_idx), _OP), np.full(ann[2], _ANNOTATION),
                                 np.full(len(calls), _LAUNCH)])
-        index = np.concatenate([op_idx, np.arange(n_ann), calls])
+        index = np.concatenate([op_idx, np.arange(ann[2]), calls])
         order = _sweep_order(starts, durs, kinds, index)
         swept = _drop_closed(starts[order], kinds[order], index[order],
                                (starts + durs)[order])
