@@ -199,9 +199,9 @@ class GpuProfiler(HookCore):
             collections.deque(maxlen=64)
         # the host probe: per probed step (host ms, data ms, start event, end event)
         self._host_probe: list[tuple[float, float | None, Any, Any]] = []
-        # the event after the synchronize that began a probe (False without CUDA), None: none
-        self._probe_start: Any = None
+        self._probe_plan = range(0)  # the iterations to probe (set at start())
         self._probe_steps: set[int] = set()  # the iterations that started on an idle GPU
+        self._probe_start: Any = None  # the event after the synchronize that began one
         self.oom_report_path: str | None = None  # where the out-of-memory report went
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -312,6 +312,7 @@ class GpuProfiler(HookCore):
                         cuda or self.model is not None or self.optimizer is not None),
                     "nvml": cuda if w["nvml"] is None else bool(w["nvml"]),
                     "host_probe": self.iter_start is not None}
+        self._probe_plan = self._probe_iterations()
         self._guard("event writer", self._open_writer)
         per_rank = self.distributed["world_size"] > 1 and self._device is not None
         # under torch.distributed every rank samples its own GPU only
@@ -478,14 +479,11 @@ class GpuProfiler(HookCore):
             moved = True
         if self._verify_state != "off" and self._verify_state != "done":
             moved = self._verify_step(rec.wall_ms) or moved
-        if on["host_probe"]:
-            if self._probe_start is not None:
-                self._host_probe.append((rec.wall_ms, rec.data_ms, self._probe_start,
-                                         rec.ev_end))
-                self._probe_start = None
-            if self._probed(i + 1):
-                moved = bool(self._guard("host_probe", self._begin_probe, i + 1,
-                                         when="host_probe")) or moved
+        if i in self._probe_steps:
+            self._host_probe.append((rec.wall_ms, rec.data_ms, self._probe_start, rec.ev_end))
+        if i + 1 in self._probe_plan and on["host_probe"]:
+            moved = bool(self._guard("host_probe", self._begin_probe, i + 1,
+                                     when="host_probe")) or moved
         self.iteration = i + 1
         # The hook's own window start/stop (can take seconds) is not charged to an iteration.
         self._begin_iteration(time.perf_counter() if moved else t)
@@ -549,28 +547,26 @@ class GpuProfiler(HookCore):
 
     # -- the host probe --------------------------------------------------------------------
 
-    def _probed(self, step: int) -> bool:
-        """Whether iteration ``step`` is one of the (up to) HOST_PROBE_STEPS before the
-        window's warm-up: only as many as leave UNPROFILED_MIN iterations after iteration 0
-        (start-up) for the un-profiled time."""
+    def _probe_iterations(self) -> range:
+        """The (up to) HOST_PROBE_STEPS iterations before the window's warm-up: only as many
+        as leave UNPROFILED_MIN iterations after iteration 0 (start-up) for the un-profiled
+        time; none without a window."""
+        if self.iter_start is None:
+            return range(0)
         opens = self._window_opens_at()
-        n = min(HOST_PROBE_STEPS, opens - 1 - UNPROFILED_MIN)
-        return (n > 0 and self.iter_start is not None and self._window is None
-                and self._analysis is None and opens - n <= step < opens)
+        return range(opens - max(min(HOST_PROBE_STEPS, opens - 1 - UNPROFILED_MIN), 0), opens)
 
     def _begin_probe(self, step: int) -> bool:
         """Let the GPU finish all queued work, so iteration ``step``'s launches find it idle;
         its host time from here to its step() is then the host's own dispatch time (plus its
         waits at the loop's syncs), without the profiler."""
-        torch = self._torch
+        self._probe_start = None
+        if self.cuda:  # without CUDA nothing is queued: the step's host time is all there is
+            torch = self._torch
+            torch.cuda.synchronize()
+            self._probe_start = torch.cuda.Event(enable_timing=True)
+            self._probe_start.record()
         self._probe_steps.add(step)
-        if not self.cuda:  # nothing queued: the step's host time is all there is
-            self._probe_start = False
-            return True
-        torch.cuda.synchronize()
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self._probe_start = ev
         return True
 
     def _probe_summary(self) -> dict[str, Any] | None:
@@ -581,7 +577,7 @@ class GpuProfiler(HookCore):
             return None
         gpu = []
         for _, _, start, end in rows:
-            if start and end is not None and end.query():
+            if start is not None and end is not None and end.query():
                 gpu.append(start.elapsed_time(end))
         data = [d for _, d, _, _ in rows if d is not None]
         host = [h for h, _, _, _ in rows]

@@ -1081,15 +1081,16 @@ def savings_stage(report: dict[str, Any], profile: Profile, tally: Tally, host: 
     times = None
     if tally.times is not None:
         times = KernelTimes(*(c[:counts[n - 1]] for c in tally.times))
-    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host,
-                           (host_windows or windows)[:n], classes, times)
+    dispatched = (host_windows or windows)[:n]  # where the host launched the iterations
+    replay = window_replay(profile, tally.sim_kernels[:counts[n - 1]], host, dispatched,
+                           classes, times)
     # without an un-profiled time (imported traces) the host is taken at the profiler's
     # typical inflation, as for GPU-bound windows: the trace was profiled all the same
     scale = (calibrate(replay, measured * n * 1e3) if unprofiled_ms and replay
              else GPU_BOUND_HOST_SCALE)
     note = ""
     if replay and probe and unprofiled_ms and gpu_bound(replay, measured * n * 1e3):
-        probed = probe_host_scale(profile, tally, host, (host_windows or windows)[:n], probe)
+        probed = probe_host_scale(profile, tally, host, dispatched, probe)
         if probed is not None:
             scale = probed
             note = (f"; the host at {probed:.2f} of its profiled time, from the hook's "
